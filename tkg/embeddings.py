@@ -1,0 +1,55 @@
+"""Sentence embeddings behind one small interface.
+
+`WordLlamaEmbedder` is the offline default: its 256-d weights ship inside the wordllama wheel,
+so it is loaded from the installed package with downloads disabled and never touches the
+network. The OpenAI embedder (same interface) lives in `tkg.llm`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Embedder(Protocol):
+    """Turns texts into L2-normalised float32 vectors of a fixed dimension."""
+
+    name: str
+    dimension: int
+
+    def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+def normalise_rows(vectors: np.ndarray) -> np.ndarray:
+    """Scale each row to unit length (zero rows stay zero) so dot products are cosines."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim == 1:
+        vectors = vectors[None, :]
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+
+
+@lru_cache(maxsize=2)
+def _load_wordllama(dimension: int) -> Any:
+    import wordllama
+    from wordllama import WordLlama
+
+    package_dir = Path(wordllama.__file__).parent
+    # cache_dir must be the package folder and downloads disabled, or wordllama goes online.
+    return WordLlama.load(cache_dir=package_dir, disable_download=True, dim=dimension)
+
+
+class WordLlamaEmbedder:
+    """Offline static embeddings (wordllama l2_supercat, 256 dimensions)."""
+
+    def __init__(self, dimension: int = 256) -> None:
+        self.dimension = dimension
+        self.name = f"wordllama-l2_supercat-{dimension}"
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return normalise_rows(_load_wordllama(self.dimension).embed(list(texts)))
