@@ -1,0 +1,17 @@
+-- FACT, non-ATEMPORAL events with at least one triplet: the only events invalidation looks at.
+-- fact_key names the fact an event states (its canonical triplets), so that the same fact
+-- restated in every quarter's call can be recognised as one candidate.
+-- Registered: events, resolved_triplets (from canonical_triplets.sql).
+WITH keys AS (
+    SELECT event_id,
+           string_agg(concat_ws('|', subject_id, predicate, coalesce(object_id, object), value), ';'
+                      ORDER BY subject_id, predicate, object_id, value) AS fact_key
+    FROM resolved_triplets
+    GROUP BY event_id
+)
+SELECT e.event_id, e.statement, e.statement_type, e.temporal_type, e.valid_at, e.invalid_at, e.created_at,
+       e.embedding, k.fact_key
+FROM events AS e
+JOIN keys AS k ON k.event_id = e.event_id
+WHERE e.statement_type = 'FACT' AND e.temporal_type <> 'ATEMPORAL' AND e.valid_at IS NOT NULL
+ORDER BY e.event_id

@@ -1,0 +1,247 @@
+"""Invalidation: newer facts retire older DYNAMIC facts they contradict (REFERENCE 1.8).
+
+The whole history is recomputed from all events at once, so the outcome is a function of the
+set of events and never of the order partitions were materialised in: a backfill of 2019
+before 2016, or a missed call added last, gives the same `invalid_at`, `invalidated_by` and
+`expired_at`, and removing an event re-opens whatever only it had retired. Verdicts are cached
+(the LLM judge) or cheap (the rule judge), so the recompute does not repay for old pairs.
+
+Candidate selection is one DuckDB query (sql/pipeline/invalidation_candidates.sql): joins on
+shared canonical entities, the temporal filter, vectorised cosine and a window for the top k.
+Then one judge request per primary event covers all its candidates (1:N). When several events
+retire the same one, the earliest wins.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from tkg import tables
+from tkg.models import PREDICATE_GROUP_OF, Predicate
+from tkg.paths import read_sql
+from tkg.roles import FUNCTIONAL_OFFICES
+from tkg.warehouse import apply_model, model, register_raw
+
+
+@dataclass(frozen=True)
+class TripletView:
+    subject: str
+    subject_id: str
+    predicate: str
+    object: str
+    object_id: str | None
+    value: str | None
+
+
+@dataclass(frozen=True)
+class EventView:
+    """What a judge sees of an event: statement, labels, validity range and canonical triplets."""
+
+    event_id: str
+    statement: str
+    statement_type: str
+    temporal_type: str
+    valid_at: datetime | None
+    invalid_at: datetime | None
+    created_at: datetime
+    triplets: tuple[TripletView, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    invalidates: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class JudgeCase:
+    """One primary (older, DYNAMIC) event and the later events that might retire it."""
+
+    primary: EventView
+    candidates: tuple[EventView, ...]
+
+
+class Judge(Protocol):
+    name: str
+
+    def judge(self, cases: Sequence[JudgeCase]) -> list[list[Verdict]]:
+        """For each case, one verdict per candidate, in order."""
+        ...
+
+
+# --- the offline judge -----------------------------------------------------------------------
+
+_FUNCTIONAL_METRICS = {Predicate.TARGETS.value, Predicate.HAS_REVENUE.value}
+
+
+def _office_role(office_name: str) -> str:
+    return office_name.rpartition(" of ")[0] or office_name
+
+
+def _normalised_value(value: str | None) -> str:
+    return re.sub(r"[^\w.%$]", "", (value or "").lower())
+
+
+class RuleJudge:
+    """Rule-based judge for functional relations.
+
+    - One holder at a time: a newer, different holder of the same functional office (CEO,
+      CFO, ...) at the same organisation retires the older holder. The same person restated,
+      or a second, non-exclusive office, is compatible.
+    - One value per metric per period: a newer, different value for the same subject,
+      predicate (guidance or revenue) and metric-period retires the older value.
+    """
+
+    name = "rules:functional-v1"
+
+    def judge(self, cases: Sequence[JudgeCase]) -> list[list[Verdict]]:
+        return [[self._verdict(case.primary, candidate) for candidate in case.candidates] for case in cases]
+
+    def _verdict(self, primary: EventView, secondary: EventView) -> Verdict:
+        if secondary.valid_at is None or primary.valid_at is None or secondary.valid_at <= primary.valid_at:
+            return Verdict(False, "the candidate does not start after the primary event")
+        for old in primary.triplets:
+            for new in secondary.triplets:
+                if old.predicate != new.predicate:
+                    continue
+                if old.predicate == Predicate.HOLDS_ROLE.value and old.object_id and old.object_id == new.object_id:
+                    role = _office_role(old.object)
+                    if role not in FUNCTIONAL_OFFICES:
+                        continue
+                    if old.subject_id != new.subject_id:
+                        return Verdict(True, f"{new.subject} holds {old.object} from {secondary.valid_at.date()}, "
+                                             f"and {role} is held by one person at a time")
+                    return Verdict(False, f"{old.subject} restated as {old.object}: compatible")
+                if (old.predicate in _FUNCTIONAL_METRICS and old.subject_id == new.subject_id and old.object_id
+                        and old.object_id == new.object_id):
+                    if _normalised_value(old.value) != _normalised_value(new.value):
+                        return Verdict(True, f"{old.object} revised from {old.value} to {new.value}")
+                    return Verdict(False, f"{old.object} restated at {old.value}: compatible")
+        return Verdict(False, "no functional relation in common: both can hold at once")
+
+
+# --- candidate selection and application -----------------------------------------------------
+
+
+@dataclass
+class InvalidationResult:
+    event_invalidations: pa.Table
+    judgments: pa.Table
+    counts: Counter = field(default_factory=Counter)
+
+
+def canonical_triplets(triplets: pa.Table, mapping: pa.Table, canonical: pa.Table) -> pa.Table:
+    """Triplets with subject and object rewritten to canonical ids and names: the warehouse's
+    `triplets` model (sql/triplets.sql), run in memory on these tables."""
+    with duckdb.connect() as connection:
+        register_raw(connection, {"triplets": triplets, "entity_resolution": mapping, "canonical_entities": canonical})
+        apply_model(connection, model("triplets"), record=False)
+        return connection.execute("SELECT * FROM triplets ORDER BY triplet_id").to_arrow_table()
+
+
+def select_candidates(events: pa.Table, links: pa.Table, min_cosine: float = 0.5, top_k: int = 10) -> pa.Table:
+    with duckdb.connect() as connection:
+        connection.register("facts", events)
+        connection.register("links", links)
+        return connection.execute(
+            read_sql("pipeline/invalidation_candidates.sql"), {"min_cosine": min_cosine, "top_k": top_k}
+        ).to_arrow_table()
+
+
+def invalidate(
+    events: pa.Table,
+    resolved_triplets: pa.Table,
+    judge: Judge,
+    min_cosine: float = 0.5,
+    top_k: int = 10,
+) -> InvalidationResult:
+    """Judge every candidate pair and retire what the judge says is contradicted.
+
+    `events` are all temporal events; `resolved_triplets` come from `canonical_triplets`.
+    """
+    counts: Counter = Counter()
+    facts = _fact_events(events, resolved_triplets)
+    links = _links(resolved_triplets, facts)
+    pairs = select_candidates(facts, links, min_cosine, top_k)
+    counts["fact_events"] = facts.num_rows
+    counts["candidate_pairs"] = pairs.num_rows
+
+    views = _event_views(facts, resolved_triplets)
+    by_primary: dict[str, list[dict]] = defaultdict(list)
+    for pair in pairs.to_pylist():
+        by_primary[pair["primary_event_id"]].append(pair)
+    primaries = sorted(by_primary)
+    cases = [JudgeCase(views[p], tuple(views[c["secondary_event_id"]] for c in by_primary[p])) for p in primaries]
+    verdicts = judge.judge(cases) if cases else []
+
+    judgments, winners = [], {}
+    for primary_id, case_verdicts in zip(primaries, verdicts):
+        primary = views[primary_id]
+        for pair, verdict in zip(by_primary[primary_id], case_verdicts):
+            secondary = views[pair["secondary_event_id"]]
+            judgments.append({**pair, "invalidates": verdict.invalidates, "reason": verdict.reason, "judge": judge.name})
+            if not verdict.invalidates:
+                continue
+            best = winners.get(primary_id)
+            if best is None or (secondary.valid_at, secondary.event_id) < (best.valid_at, best.event_id):
+                winners[primary_id] = secondary
+        counts["judged_pairs"] += len(case_verdicts)
+
+    invalidations = []
+    for primary_id, secondary in sorted(winners.items()):
+        primary = views[primary_id]
+        if primary.invalid_at is not None and secondary.valid_at >= primary.invalid_at:
+            continue  # a finished event's end only ever moves earlier
+        invalidations.append({
+            "event_id": primary_id, "invalid_at": secondary.valid_at,
+            # Transaction time: the record is retired when the retiring statement was published.
+            "expired_at": max(primary.created_at, secondary.created_at),
+            "invalidated_by": secondary.event_id,
+        })
+    counts["invalidated_events"] = len(invalidations)
+    counts["true_verdicts"] = sum(1 for j in judgments if j["invalidates"])
+    return InvalidationResult(
+        event_invalidations=tables.to_table(invalidations, tables.EVENT_INVALIDATIONS),
+        judgments=tables.to_table(judgments, tables.INVALIDATION_JUDGMENTS),
+        counts=counts,
+    )
+
+
+def _fact_events(events: pa.Table, resolved_triplets: pa.Table) -> pa.Table:
+    """FACT, non-ATEMPORAL events that have triplets, each with a key naming the fact it states."""
+    with duckdb.connect() as connection:
+        connection.register("events", events)
+        connection.register("resolved_triplets", resolved_triplets)
+        return connection.execute(read_sql("pipeline/fact_events.sql")).to_arrow_table()
+
+
+def _links(resolved_triplets: pa.Table, facts: pa.Table) -> pa.Table:
+    groups = {p.value: g for p, g in PREDICATE_GROUP_OF.items()}
+    fact_ids = set(facts.column("event_id").to_pylist())
+    rows = []
+    for row in resolved_triplets.select(["event_id", "subject_id", "object_id", "predicate"]).to_pylist():
+        if row["event_id"] not in fact_ids or row["predicate"] not in groups:
+            continue
+        for canonical_id in {row["subject_id"], row["object_id"]} - {None}:
+            rows.append({"event_id": row["event_id"], "canonical_id": canonical_id, "predicate_group": groups[row["predicate"]]})
+    schema = pa.schema([("event_id", pa.string()), ("canonical_id", pa.string()), ("predicate_group", pa.int8())])
+    return tables.to_table(rows, schema)
+
+
+def _event_views(facts: pa.Table, resolved_triplets: pa.Table) -> dict[str, EventView]:
+    triplets_by_event: dict[str, list[TripletView]] = defaultdict(list)
+    for row in resolved_triplets.to_pylist():
+        triplets_by_event[row["event_id"]].append(TripletView(
+            subject=row["subject"], subject_id=row["subject_id"], predicate=row["predicate"],
+            object=row["object"], object_id=row["object_id"], value=row["value"]))
+    views = {}
+    for row in facts.select(["event_id", "statement", "statement_type", "temporal_type", "valid_at", "invalid_at", "created_at"]).to_pylist():
+        views[row["event_id"]] = EventView(**row, triplets=tuple(triplets_by_event.get(row["event_id"], ())))
+    return views
