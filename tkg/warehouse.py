@@ -1,0 +1,236 @@
+"""Publish `tkg.duckdb`: a fresh database file swapped into place atomically.
+
+The Parquet files are copied into tables in a `raw` schema, and every `sql/*.sql` model (views
+and macros) is created on top, in dependency order. Copying rather than viewing the Parquet
+makes each published file a consistent snapshot: a user holding it open read-only keeps
+querying the old snapshot while the pipeline rewrites Parquet and publishes the next one, and
+the file can be moved or shared without the Parquet tree. The pipeline itself never holds a
+lock on `tkg.duckdb`; only the publish step (and a SQL model re-applying its SQL) writes, to
+a temporary copy, and swaps it in with `os.replace`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from tkg import tables
+from tkg.paths import sql_dir
+from tkg.store import ParquetStore
+
+
+@dataclass(frozen=True)
+class RawTable:
+    """A table of the `raw` schema and the Parquet it is loaded from."""
+
+    name: str
+    asset: str
+    schema: pa.Schema
+    file: str | None = None  # set for global assets (one file); partitioned assets glob
+
+
+RAW_TABLES = (
+    RawTable("transcripts", "transcripts", tables.TRANSCRIPTS),
+    RawTable("chunks", "chunks", tables.CHUNKS),
+    RawTable("statements", "statements", tables.STATEMENTS),
+    RawTable("events", "temporal_events", tables.EVENTS),
+    RawTable("triplets", "triplets", tables.TRIPLETS),
+    RawTable("entities", "entities", tables.ENTITIES),
+    RawTable("canonical_entities", "canonical_entities", tables.CANONICAL_ENTITIES, "canonical_entities"),
+    RawTable("entity_resolution", "canonical_entities", tables.ENTITY_RESOLUTION, "entity_resolution"),
+    RawTable("event_invalidations", "invalidated_events", tables.EVENT_INVALIDATIONS, "event_invalidations"),
+    RawTable("invalidation_judgments", "invalidated_events", tables.INVALIDATION_JUDGMENTS, "invalidation_judgments"),
+)
+
+
+@dataclass(frozen=True)
+class SqlModel:
+    """One `sql/*.sql` file: a view or macro of the SQL surface, and an asset of its own."""
+
+    name: str
+    path: Path
+    sql: str
+    depends_on: tuple[str, ...]  # other models
+    upstream_assets: tuple[str, ...]  # pipeline assets whose tables it reads
+    description: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
+
+    @property
+    def is_macro(self) -> bool:
+        return bool(re.search(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?MACRO\b", self.sql, re.IGNORECASE))
+
+
+def load_models(directory: Path | None = None) -> list[SqlModel]:
+    """All SQL models, in dependency order.
+
+    Header comments declare lineage, as dbt's refs and sources do: `-- depends_on: a, b` names
+    other models, `-- upstream_assets: x, y` the pipeline assets whose tables the model reads,
+    and `-- description: ...` says what it holds.
+    """
+    directory = directory or sql_dir()
+
+    def header(text: str, key: str) -> tuple[str, ...]:
+        match = re.search(rf"^--\s*{key}:\s*(.*)$", text, re.MULTILINE)
+        return tuple(item.strip() for item in match[1].split(",") if item.strip()) if match else ()
+
+    models = {}
+    for path in sorted(directory.glob("*.sql")):
+        text = path.read_text()
+        description = re.search(r"^--\s*description:\s*(.*)$", text, re.MULTILINE)
+        models[path.stem] = SqlModel(
+            name=path.stem, path=path, sql=text, depends_on=header(text, "depends_on"),
+            upstream_assets=header(text, "upstream_assets"), description=description[1].strip() if description else "",
+        )
+    ordered: list[SqlModel] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in {m.name for m in ordered} or name not in models:
+            return
+        if name in visiting:
+            raise ValueError(f"sql/{name}.sql is part of a dependency cycle; check its '-- depends_on:' header")
+        visiting.add(name)
+        for dependency in models[name].depends_on:
+            visit(dependency)
+        visiting.discard(name)
+        ordered.append(models[name])
+
+    for name in models:
+        visit(name)
+    return ordered
+
+
+def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable) -> int:
+    if raw.file:
+        path = store.global_path(raw.asset, raw.file)
+        files = [str(path)] if path.exists() else []
+    else:
+        files = sorted(str(p) for p in (store.parquet_root / raw.asset).glob(f"company=*/quarter=*/{raw.asset}.parquet"))
+    if files:
+        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM read_parquet(?, union_by_name = true)", [files])
+    else:
+        empty = raw.schema.empty_table()
+        connection.register("empty_source", empty)
+        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty_source")
+        connection.unregister("empty_source")
+    return connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchone()[0]
+
+
+def register_raw(connection: duckdb.DuckDBPyConnection, raw_tables: dict[str, pa.Table]) -> None:
+    """Expose in-memory Arrow tables as `raw.<name>` so the SQL models can run on them."""
+    connection.execute("CREATE SCHEMA IF NOT EXISTS raw")
+    for name, table in raw_tables.items():
+        connection.register(f"_arrow_{name}", table)
+        connection.execute(f"CREATE OR REPLACE VIEW raw.{name} AS SELECT * FROM _arrow_{name}")
+
+
+def model(name: str) -> SqlModel:
+    for candidate in load_models():
+        if candidate.name == name:
+            return candidate
+    raise KeyError(f"no SQL model sql/{name}.sql")
+
+
+def apply_model(connection: duckdb.DuckDBPyConnection, sql_model: SqlModel, record: bool = True) -> None:
+    connection.execute(sql_model.sql)
+    if record:
+        connection.execute(
+            "INSERT OR REPLACE INTO raw.sql_models VALUES (?, ?, ?)", [sql_model.name, sql_model.sha256, sql_model.description]
+        )
+
+
+@dataclass
+class PublishResult:
+    path: Path
+    raw_rows: dict[str, int] = field(default_factory=dict)
+    models: list[str] = field(default_factory=list)
+    size_bytes: int = 0
+
+
+def _swap_in(temporary: Path, target: Path) -> None:
+    os.replace(temporary, target)
+    wal = temporary.with_name(temporary.name + ".wal")
+    if wal.exists():
+        wal.unlink()
+
+
+def publish(store: ParquetStore, target: Path, models: list[SqlModel] | None = None) -> PublishResult:
+    """Build a fresh warehouse file from the Parquet tree and swap it onto `target`."""
+    target = Path(target).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    models = load_models() if models is None else models
+    handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".building", dir=target.parent)
+    os.close(handle)
+    temporary = Path(name)
+    temporary.unlink()  # duckdb wants to create the file itself
+    result = PublishResult(path=target)
+    try:
+        with duckdb.connect(str(temporary)) as connection:
+            connection.execute("CREATE SCHEMA raw")
+            connection.execute("CREATE TABLE raw.sql_models (name VARCHAR PRIMARY KEY, sql_sha256 VARCHAR, description VARCHAR)")
+            for raw in RAW_TABLES:
+                result.raw_rows[raw.name] = _load_raw(connection, store, raw)
+            for model in models:
+                apply_model(connection, model)
+                result.models.append(model.name)
+            connection.execute("CHECKPOINT")
+        _swap_in(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+    result.size_bytes = target.stat().st_size
+    return result
+
+
+def applied_sha256(target: Path, model: SqlModel) -> str | None:
+    """The hash of the SQL a published file holds for `model`, or None."""
+    if not Path(target).exists():
+        return None
+    with duckdb.connect(str(target), read_only=True) as connection:
+        row = connection.execute("SELECT sql_sha256 FROM raw.sql_models WHERE name = ?", [model.name]).fetchone()
+    return row[0] if row else None
+
+
+def reapply_model(target: Path, model: SqlModel) -> None:
+    """Re-create one model in a copy of the published file and swap the copy in."""
+    target = Path(target).resolve()
+    handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".building", dir=target.parent)
+    os.close(handle)
+    temporary = Path(name)
+    try:
+        shutil.copyfile(target, temporary)
+        with duckdb.connect(str(temporary)) as connection:
+            apply_model(connection, model)
+            connection.execute("CHECKPOINT")
+        _swap_in(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+@dataclass
+class ModelDescription:
+    row_count: int | None
+    columns: list[tuple[str, str]]
+
+
+def describe_model(target: Path, model: SqlModel) -> ModelDescription:
+    """Row count and column schema of a published view (macros have neither)."""
+    if model.is_macro:
+        return ModelDescription(None, [])
+    with duckdb.connect(str(target), read_only=True) as connection:
+        columns = connection.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = 'main' AND table_name = ? ORDER BY ordinal_position", [model.name]
+        ).fetchall()
+        count = connection.execute(f'SELECT count(*) FROM main."{model.name}"').fetchone()[0] if columns else None
+    return ModelDescription(count, [(name, kind) for name, kind in columns])
