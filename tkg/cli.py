@@ -1,0 +1,165 @@
+"""The `tkg` command: build the graph in-process with Dagster, query it, open the UI."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(help="tkg: temporal knowledge graphs from earnings-call transcripts.", no_args_is_help=True)
+console = Console(stderr=True)
+
+HOME_OPTION = Annotated[
+    Optional[Path], typer.Option("--home", help="Data folder (Parquet, caches, tkg.duckdb, Dagster runs). Default: $TKG_HOME or ./tkg_data")
+]
+
+
+def _configure(home: Path | None, source: str | None = None) -> Path:
+    """Point tkg and Dagster at one persistent folder, so `dagster dev` later shows these runs."""
+    home = (home or Path(os.environ.get("TKG_HOME", "tkg_data"))).expanduser().resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["TKG_HOME"] = str(home)
+    dagster_home = Path(os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home")))
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    (dagster_home / "dagster.yaml").touch(exist_ok=True)
+    if source is not None:
+        os.environ["TKG_SOURCE"] = source
+    return home
+
+
+@app.command()
+def build(
+    source: Annotated[str, typer.Option(help="'sample' (bundled), a .parquet/.jsonl/.csv file, or 'hf' for jlh-ibm/earnings_call")] = "sample",
+    company: Annotated[Optional[list[str]], typer.Option("--company", "-c", help="Only these tickers (repeatable)")] = None,
+    since: Annotated[Optional[str], typer.Option(help="Only calls on or after this date (YYYY-MM-DD)")] = None,
+    until: Annotated[Optional[str], typer.Option(help="Only calls on or before this date (YYYY-MM-DD)")] = None,
+    home: HOME_OPTION = None,
+) -> None:
+    """Materialise every partition of the source, then resolution, invalidation and the warehouse."""
+    home = _configure(home, source)
+    import dagster as dg
+
+    from tkg.sources import load_source, quarter_start
+    from tkg_assets.definitions import defs
+    from tkg_assets.partitions import partition_key
+
+    loaded = load_source(source)
+    wanted = {c.upper() for c in company or []}
+    first = date.fromisoformat(since) if since else date.min
+    last = date.fromisoformat(until) if until else date.max
+    rows = [r for r in loaded.rows if (not wanted or r.company in wanted) and first <= r.call_date <= last]
+    from tkg.companies import load_companies
+
+    unknown = sorted({r.company for r in rows} - set(load_companies()))
+    if unknown:
+        console.print(f"[yellow]skipping {', '.join(unknown)}: not in the company registry (tkg/config/companies.yaml)[/]")
+        rows = [r for r in rows if r.company not in unknown]
+    keys = sorted({(r.company, quarter_start(r.call_date)) for r in rows}, key=lambda k: (k[1], k[0]))
+    if not keys:
+        console.print(f"[red]nothing to build: no calls in {loaded.name} match the filters[/]")
+        raise typer.Exit(1)
+    for note in loaded.skipped:
+        console.print(f"[yellow]source row skipped: {note}[/]")
+    console.print(f"building {len(rows)} calls in {len(keys)} partitions from {loaded.name} into {home}")
+
+    instance = dg.DagsterInstance.get()
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the progress bar says enough
+    ingest = defs.get_job_def("ingest_partition")
+    failed: list[str] = []
+    started = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("partitions", total=len(keys))
+        for ticker, quarter in keys:
+            key = partition_key(ticker, quarter)
+            progress.update(task, description=f"partition {key}")
+            result = ingest.execute_in_process(partition_key=key, instance=instance, raise_on_error=False, run_config=quiet)
+            if not result.success:
+                failed.append(str(key))
+            progress.advance(task)
+        progress.update(task, description="resolution, invalidation, warehouse")
+        refresh = defs.get_job_def("refresh_graph").execute_in_process(instance=instance, raise_on_error=False, run_config=quiet)
+    elapsed = time.perf_counter() - started
+    if failed:
+        console.print(f"[red]{len(failed)} partition(s) failed: {', '.join(failed)}; see `tkg dev` for the run logs[/]")
+    if not refresh.success:
+        console.print("[red]the refresh_graph run failed; see `tkg dev` for the run log[/]")
+        raise typer.Exit(1)
+    _print_counts(home)
+    console.print(f"done in {elapsed:.1f}s: {home / 'tkg.duckdb'}")
+    if failed:
+        raise typer.Exit(1)
+
+
+def _warehouse_path(home: Path) -> Path:
+    return Path(os.environ.get("TKG_DUCKDB") or home / "tkg.duckdb")
+
+
+def _print_counts(home: Path) -> None:
+    import duckdb
+
+    path = _warehouse_path(home)
+    with duckdb.connect(str(path), read_only=True) as connection:
+        table = Table("table", "rows", title=str(path))
+        for name in ("transcripts", "chunks", "statements", "events", "triplets", "entities", "canonical_entities",
+                     "facts", "invalidation_judgments"):
+            table.add_row(name, f"{connection.execute(f'SELECT count(*) FROM {name}').fetchone()[0]:,}")
+        invalidated = connection.execute("SELECT count(*) FROM events WHERE invalidated_by IS NOT NULL").fetchone()[0]
+        table.add_row("events invalidated", f"{invalidated:,}")
+    console.print(table)
+
+
+@app.command()
+def sql(
+    query: Annotated[Optional[str], typer.Argument(help="SQL to run; omit for an interactive prompt")] = None,
+    home: HOME_OPTION = None,
+) -> None:
+    """Query tkg.duckdb read-only (never blocks the pipeline)."""
+    import duckdb
+
+    home = _configure(home)
+    path = _warehouse_path(home)
+    if not path.exists():
+        console.print(f"[red]{path} does not exist; run `tkg build` first[/]")
+        raise typer.Exit(1)
+    with duckdb.connect(str(path), read_only=True) as connection:
+        connection.execute("SET TimeZone = 'UTC'")
+        if query:
+            connection.sql(query).show(max_width=10_000)
+            return
+        console.print(f"{path} (read-only). End statements with ';', quit with Ctrl-D.")
+        buffer = ""
+        while True:
+            try:
+                line = input("tkg> " if not buffer else "...> ")
+            except EOFError:
+                break
+            buffer += line + "\n"
+            if buffer.strip().endswith(";"):
+                try:
+                    relation = connection.sql(buffer)
+                    if relation is not None:
+                        relation.show(max_width=10_000)
+                except duckdb.Error as error:
+                    console.print(f"[red]{error}[/]")
+                buffer = ""
+
+
+@app.command()
+def dev(home: HOME_OPTION = None) -> None:
+    """Open the Dagster UI on this data folder (`dagster dev -w workspace.yaml`)."""
+    _configure(home)
+    workspace = Path("workspace.yaml")
+    target = ["-w", str(workspace)] if workspace.exists() else ["-m", "tkg_assets.definitions"]
+    os.execvp("dagster", ["dagster", "dev", *target])
+
+
+if __name__ == "__main__":
+    sys.exit(app())

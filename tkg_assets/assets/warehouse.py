@@ -1,0 +1,74 @@
+"""The published DuckDB file and its SQL models (dbt-style: one asset per sql/*.sql file)."""
+
+
+import dagster as dg
+
+from resources.tkg import TkgStorage
+from tkg.warehouse import SqlModel, applied_sha256, describe_model, load_models, publish, reapply_model
+from tkg_assets.assets.common import OWNERS
+from tkg_assets.automation import GLOBAL_AUTOMATION
+
+DUCKDB_POOL = "tkg_duckdb_write"
+PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "entities",
+                   "canonical_entities", "invalidated_events")
+
+
+@dg.asset(
+    group_name="warehouse",
+    kinds={"duckdb"},
+    owners=OWNERS,
+    deps=list(PIPELINE_ASSETS),
+    code_version="warehouse-1",
+    pool=DUCKDB_POOL,
+    automation_condition=GLOBAL_AUTOMATION,
+)
+def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.MaterializeResult:
+    """Publishes tkg.duckdb: a fresh file holding the Parquet tables (schema `raw`) and every
+    SQL model, swapped into place atomically, so readers never block the pipeline and always
+    see a consistent snapshot. Query it with `duckdb -readonly` or `tkg sql`."""
+    result = publish(storage.store, storage.warehouse_path)
+    return dg.MaterializeResult(metadata={
+        "path": dg.MetadataValue.path(str(result.path)),
+        "size_bytes": result.size_bytes,
+        "raw_rows": dg.MetadataValue.json(result.raw_rows),
+        "models": ", ".join(result.models),
+    })
+
+
+def _model_asset(model: SqlModel) -> dg.AssetsDefinition:
+    deps = [warehouse.key, *(dg.AssetKey(["sql", name]) for name in model.depends_on),
+            *(dg.AssetKey(name) for name in model.upstream_assets)]
+
+    @dg.asset(
+        key=dg.AssetKey(["sql", model.name]),
+        group_name="sql_models",
+        kinds={"duckdb", "sql"},
+        owners=OWNERS,
+        deps=deps,
+        description=f"{model.description}\n\n```sql\n{model.sql}\n```",
+        code_version=model.sha256[:16],
+        pool=DUCKDB_POOL,
+        automation_condition=GLOBAL_AUTOMATION,
+        metadata={"sql_file": dg.MetadataValue.path(str(model.path))},
+    )
+    def sql_model(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.MaterializeResult:
+        target = storage.warehouse_path
+        if not target.exists():
+            raise FileNotFoundError(f"{target} does not exist; materialise `warehouse` first")
+        if applied_sha256(target, model) != model.sha256:
+            context.log.info(f"sql/{model.name}.sql changed since the last publish; re-applying it")
+            reapply_model(target, model)
+        description = describe_model(target, model)
+        metadata: dict[str, object] = {"kind": "macro" if model.is_macro else "view"}
+        if description.row_count is not None:
+            metadata["dagster/row_count"] = description.row_count
+        if description.columns:
+            metadata["dagster/column_schema"] = dg.TableSchema(
+                columns=[dg.TableColumn(name, kind) for name, kind in description.columns]
+            )
+        return dg.MaterializeResult(metadata=metadata)
+
+    return sql_model
+
+
+sql_models = [_model_asset(model) for model in load_models()]

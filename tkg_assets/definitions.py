@@ -1,0 +1,59 @@
+"""The one Definitions object of tkg: `dagster dev -w workspace.yaml` loads this module."""
+
+
+import dagster as dg
+
+from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
+from tkg_assets.assets.extraction import entities, statements, temporal_events, triplets
+from tkg_assets.assets.ingestion import chunks, transcripts
+from tkg_assets.assets.invalidation import invalidated_events
+from tkg_assets.assets.resolution import canonical_entities
+from tkg_assets.assets.warehouse import sql_models, warehouse
+from tkg_assets.automation import new_transcripts_requests
+from tkg_assets.checks import one_holder_per_office, statements_have_provenance, validity_ranges_are_ordered
+from tkg_assets.partitions import company_quarter
+
+PARTITIONED_ASSETS = [transcripts, chunks, statements, temporal_events, triplets, entities]
+GLOBAL_ASSETS = [canonical_entities, invalidated_events, warehouse, *sql_models]
+
+ingest_partition = dg.define_asset_job(
+    "ingest_partition",
+    selection=dg.AssetSelection.assets(*PARTITIONED_ASSETS),
+    partitions_def=company_quarter,
+    description="Parse, chunk and extract one company x quarter partition.",
+)
+refresh_graph = dg.define_asset_job(
+    "refresh_graph",
+    selection=dg.AssetSelection.assets(*GLOBAL_ASSETS),
+    description="Resolve entities, run invalidation over all partitions and publish tkg.duckdb.",
+)
+
+
+@dg.schedule(job=ingest_partition, cron_schedule="0 6 * * 1", default_status=dg.DefaultScheduleStatus.STOPPED)
+def weekly_new_transcripts(context: dg.ScheduleEvaluationContext, source: TranscriptSource):
+    """Every Monday, ingest each company x quarter that has a call in the source and is not
+    ingested yet. Calls arrive weeks after quarter end, so a weekly look beats a quarterly cron."""
+    materialized = context.instance.get_materialized_partitions(transcripts.key)
+    requests = new_transcripts_requests(source.load().rows, {str(key) for key in materialized})
+    return requests or dg.SkipReason(f"no new transcripts in {source.describe()}")
+
+
+automation = dg.AutomationConditionSensorDefinition(
+    "tkg_automation",
+    target=dg.AssetSelection.groups("resolution", "warehouse", "sql_models"),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Refreshes entity resolution, invalidation and the warehouse after partitions land.",
+)
+
+defs = dg.Definitions(
+    assets=[*PARTITIONED_ASSETS, *GLOBAL_ASSETS],
+    asset_checks=[validity_ranges_are_ordered, statements_have_provenance, one_holder_per_office],
+    jobs=[ingest_partition, refresh_graph],
+    schedules=[weekly_new_transcripts],
+    sensors=[automation],
+    resources={
+        "storage": TkgStorage(),
+        "source": TranscriptSource(),
+        "extraction": ExtractionBackend(),
+    },
+)
