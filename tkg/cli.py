@@ -72,7 +72,7 @@ def build(
 
     instance = dg.DagsterInstance.get()
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the progress bar says enough
-    ingest = defs.get_job_def("ingest_partition")
+    ingest = defs.resolve_job_def("ingest_partition")
     failed: list[str] = []
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
@@ -85,7 +85,7 @@ def build(
                 failed.append(str(key))
             progress.advance(task)
         progress.update(task, description="resolution, invalidation, warehouse")
-        refresh = defs.get_job_def("refresh_graph").execute_in_process(instance=instance, raise_on_error=False, run_config=quiet)
+        refresh = defs.resolve_job_def("refresh_graph").execute_in_process(instance=instance, raise_on_error=False, run_config=quiet)
     elapsed = time.perf_counter() - started
     if failed:
         console.print(f"[red]{len(failed)} partition(s) failed: {', '.join(failed)}; see `tkg dev` for the run logs[/]")

@@ -18,6 +18,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Protocol, Sequence
 
 import duckdb
@@ -89,6 +90,12 @@ def _normalised_value(value: str | None) -> str:
     return re.sub(r"[^\w.%$]", "", (value or "").lower())
 
 
+def _measure(value: str | None) -> str:
+    """What a value measures: an amount of money, a percentage (growth or margin) or basis points."""
+    text = (value or "").lower()
+    return "money" if "$" in text else "percent" if "%" in text or "percent" in text else "bps" if "basis point" in text else "other"
+
+
 class RuleJudge:
     """Rule-based judge for functional relations.
 
@@ -121,6 +128,8 @@ class RuleJudge:
                     return Verdict(False, f"{old.subject} restated as {old.object}: compatible")
                 if (old.predicate in _FUNCTIONAL_METRICS and old.subject_id == new.subject_id and old.object_id
                         and old.object_id == new.object_id):
+                    if _measure(old.value) != _measure(new.value):
+                        return Verdict(False, f"{old.value} and {new.value} measure different things: both can hold")
                     if _normalised_value(old.value) != _normalised_value(new.value):
                         return Verdict(True, f"{old.object} revised from {old.value} to {new.value}")
                     return Verdict(False, f"{old.object} restated at {old.value}: compatible")
@@ -135,6 +144,7 @@ class InvalidationResult:
     event_invalidations: pa.Table
     judgments: pa.Table
     counts: Counter = field(default_factory=Counter)
+    path: Path | None = None
 
 
 def canonical_triplets(triplets: pa.Table, mapping: pa.Table, canonical: pa.Table) -> pa.Table:
@@ -143,15 +153,15 @@ def canonical_triplets(triplets: pa.Table, mapping: pa.Table, canonical: pa.Tabl
     with duckdb.connect() as connection:
         register_raw(connection, {"triplets": triplets, "entity_resolution": mapping, "canonical_entities": canonical})
         apply_model(connection, model("triplets"), record=False)
-        return connection.execute("SELECT * FROM triplets ORDER BY triplet_id").to_arrow_table()
+        return connection.sql("SELECT * FROM triplets ORDER BY triplet_id").to_arrow_table()
 
 
 def select_candidates(events: pa.Table, links: pa.Table, min_cosine: float = 0.5, top_k: int = 10) -> pa.Table:
     with duckdb.connect() as connection:
         connection.register("facts", events)
         connection.register("links", links)
-        return connection.execute(
-            read_sql("pipeline/invalidation_candidates.sql"), {"min_cosine": min_cosine, "top_k": top_k}
+        return connection.sql(
+            read_sql("pipeline/invalidation_candidates.sql"), params={"min_cosine": min_cosine, "top_k": top_k}
         ).to_arrow_table()
 
 
@@ -219,7 +229,7 @@ def _fact_events(events: pa.Table, resolved_triplets: pa.Table) -> pa.Table:
     with duckdb.connect() as connection:
         connection.register("events", events)
         connection.register("resolved_triplets", resolved_triplets)
-        return connection.execute(read_sql("pipeline/fact_events.sql")).to_arrow_table()
+        return connection.sql(read_sql("pipeline/fact_events.sql")).to_arrow_table()
 
 
 def _links(resolved_triplets: pa.Table, facts: pa.Table) -> pa.Table:

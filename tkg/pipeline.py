@@ -12,6 +12,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -27,7 +28,7 @@ from tkg.extraction.base import (
     drop_dangling_triplets,
     statement_hash,
 )
-from tkg.models import Chunk, RawStatement, StatementType, TemporalEvent, TemporalType, Transcript, Turn
+from tkg.models import Chunk, RawStatement, TemporalEvent, TemporalType, Transcript, Turn
 from tkg.parsing import SourceRow, TranscriptParseError, parse_transcript
 from tkg.sources import quarter_start
 
@@ -41,6 +42,7 @@ class StageResult:
     table: pa.Table
     counts: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
+    path: Path | None = None  # where the stage runner wrote the table
 
 
 def short_hash(*parts: object, length: int = 20) -> str:
@@ -230,7 +232,7 @@ def build_entity_mentions(triplets: pa.Table, embedder: Embedder) -> StageResult
                 continue
             mentions[entity_id] = {
                 "entity_id": entity_id, "event_id": row["event_id"], "company": row["company"], "quarter": row["quarter"],
-                "entity_idx": None, "name": row[f"{side}_name"], "type": row[f"{side}_type"],
+                "name": row[f"{side}_name"], "type": row[f"{side}_type"],
                 "description": row[f"{side}_description"] or "", "seen_at": row["seen_at"],
             }
     records = sorted(mentions.values(), key=lambda m: m["entity_id"])
@@ -246,11 +248,3 @@ def statement_types(events: pa.Table) -> dict[str, int]:
     return dict(sorted(counter.items()))
 
 
-def quarter_of(value: date | str) -> date:
-    return value if isinstance(value, date) else date.fromisoformat(value)
-
-
-__all__ = [
-    "StageResult", "parse_rows", "chunk_transcripts", "extract_statements", "build_events", "extract_triplets",
-    "build_entity_mentions", "statement_types", "StatementType",
-]

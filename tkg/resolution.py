@@ -31,6 +31,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -296,6 +297,7 @@ class Resolution:
     canonical_entities: pa.Table
     mapping: pa.Table
     counts: Counter
+    path: Path | None = None
 
 
 def _group_mentions(mentions: pa.Table) -> list[NameGroup]:

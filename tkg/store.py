@@ -63,6 +63,6 @@ class ParquetStore:
             return empty.select(columns) if columns else empty
         select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
         with duckdb.connect() as connection:
-            return connection.execute(
-                f"SELECT {select} FROM read_parquet(?, union_by_name = true)", [[str(f) for f in files]]
+            return connection.sql(
+                f"SELECT {select} FROM read_parquet($files, union_by_name = true)", params={"files": [str(f) for f in files]}
             ).to_arrow_table()

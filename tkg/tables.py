@@ -60,7 +60,7 @@ TRIPLETS = pa.schema([
 
 ENTITIES = pa.schema([
     ("entity_id", pa.string()), ("event_id", pa.string()), ("company", pa.string()), ("quarter", pa.date32()),
-    ("entity_idx", pa.int32()), ("name", pa.string()), ("type", pa.string()), ("description", pa.string()),
+    ("name", pa.string()), ("type", pa.string()), ("description", pa.string()),
     ("seen_at", TIMESTAMP), ("embedding", EMBEDDING),
 ])
 

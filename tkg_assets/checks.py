@@ -6,7 +6,7 @@ import duckdb
 import pyarrow.compute as pc
 
 from resources.tkg import TkgStorage
-from tkg_assets.assets.common import read_partition
+from tkg.build import read_partition
 from tkg_assets.assets.extraction import statements, temporal_events
 from tkg_assets.assets.warehouse import warehouse
 from tkg_assets.partitions import company_quarter, partition_of

@@ -1,9 +1,8 @@
 """Extraction: statements, their validity ranges (temporal events), triplets and entity mentions.
 
-Each asset reads its upstream partition's Parquet, calls one function of `tkg.pipeline` with
-the configured extractor (offline rules or an LLM), and writes its own Parquet file.
+Each asset runs one stage of `tkg.build` for its partition with the configured extractor
+(offline rules or an LLM); the stage reads the upstream Parquet and writes its own.
 """
-
 
 from collections import Counter
 
@@ -11,8 +10,9 @@ import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage
 from tkg import pipeline
+from tkg.build import run_entities, run_statements, run_temporal_events, run_triplets
 from tkg.extraction.base import StageStats
-from tkg_assets.assets.common import OWNERS, PARTITIONED_BACKFILL, read_partition, table_metadata
+from tkg_assets.assets.common import OWNERS, PARTITIONED_BACKFILL, table_metadata
 from tkg_assets.assets.ingestion import chunks, transcripts
 from tkg_assets.partitions import company_quarter, partition_of
 
@@ -39,13 +39,9 @@ def statements(context: dg.AssetExecutionContext, storage: TkgStorage, extractio
     STATIC/DYNAMIC/ATEMPORAL, with pronouns and 'we' resolved to the company."""
     company, quarter = partition_of(context)
     extractor = extraction.extractor()
-    result = pipeline.extract_statements(
-        read_partition(storage.store, "transcripts", company, quarter),
-        read_partition(storage.store, "chunks", company, quarter),
-        extractor,
-    )
-    path = storage.store.write(storage.store.partition_path("statements", company, quarter), result.table)
-    return dg.MaterializeResult(metadata=table_metadata(result.table, path, result.counts, **_stats_metadata(extractor.stats("statements"))))
+    result = run_statements(storage.store, company, quarter, extractor)
+    return dg.MaterializeResult(metadata=table_metadata(result.table, result.path, result.counts,
+                                                        **_stats_metadata(extractor.stats("statements"))))
 
 
 @_extraction_asset(deps=[statements], code_version=ExtractionBackend.code_version_for("validity"))
@@ -55,15 +51,9 @@ def temporal_events(context: dg.AssetExecutionContext, storage: TkgStorage, extr
     time the call was published."""
     company, quarter = partition_of(context)
     extractor = extraction.extractor()
-    result = pipeline.build_events(
-        read_partition(storage.store, "transcripts", company, quarter),
-        read_partition(storage.store, "statements", company, quarter),
-        extractor,
-        extraction.embedder(),
-    )
-    path = storage.store.write(storage.store.partition_path("temporal_events", company, quarter), result.table)
+    result = run_temporal_events(storage.store, company, quarter, extractor, extraction.embedder())
     return dg.MaterializeResult(metadata=table_metadata(
-        result.table, path, result.counts, labels=dg.MetadataValue.json(pipeline.statement_types(result.table)),
+        result.table, result.path, result.counts, labels=dg.MetadataValue.json(pipeline.statement_types(result.table)),
         **_stats_metadata(extractor.stats("validity")),
     ))
 
@@ -74,15 +64,10 @@ def triplets(context: dg.AssetExecutionContext, storage: TkgStorage, extraction:
     for every event. A triplet pointing at no extracted entity is dropped and counted."""
     company, quarter = partition_of(context)
     extractor = extraction.extractor()
-    result = pipeline.extract_triplets(
-        read_partition(storage.store, "transcripts", company, quarter),
-        read_partition(storage.store, "temporal_events", company, quarter),
-        extractor,
-    )
-    path = storage.store.write(storage.store.partition_path("triplets", company, quarter), result.table)
+    result = run_triplets(storage.store, company, quarter, extractor)
     predicates = dict(sorted(Counter(result.table.column("predicate").to_pylist()).items()))
     return dg.MaterializeResult(metadata=table_metadata(
-        result.table, path, result.counts, predicates=dg.MetadataValue.json(predicates),
+        result.table, result.path, result.counts, predicates=dg.MetadataValue.json(predicates),
         **_stats_metadata(extractor.stats("triplets")),
     ))
 
@@ -92,6 +77,5 @@ def entities(context: dg.AssetExecutionContext, storage: TkgStorage, extraction:
     """Entity mentions (every subject and object of a triplet) with type, description and a
     description embedding, ready for entity resolution."""
     company, quarter = partition_of(context)
-    result = pipeline.build_entity_mentions(read_partition(storage.store, "triplets", company, quarter), extraction.embedder())
-    path = storage.store.write(storage.store.partition_path("entities", company, quarter), result.table)
-    return dg.MaterializeResult(metadata=table_metadata(result.table, path, result.counts))
+    result = run_entities(storage.store, company, quarter, extraction.embedder())
+    return dg.MaterializeResult(metadata=table_metadata(result.table, result.path, result.counts))

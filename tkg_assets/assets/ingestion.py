@@ -1,17 +1,11 @@
 """Ingestion: transcripts from the configured source, parsed, then semantically chunked."""
 
-
 import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
-from tkg import pipeline
-from tkg.chunking import ChunkingSettings
-from tkg.companies import get_company
-from tkg.sources import rows_for_partition
-from tkg_assets.assets.common import OWNERS, PARTITIONED_BACKFILL, read_partition, table_metadata
+from tkg.build import run_chunks, run_transcripts
+from tkg_assets.assets.common import OWNERS, PARTITIONED_BACKFILL, table_metadata
 from tkg_assets.partitions import company_quarter, partition_of
-
-PARSER_VERSION = "streetevents-parser-1"
 
 
 @dg.asset(
@@ -19,7 +13,7 @@ PARSER_VERSION = "streetevents-parser-1"
     group_name="ingestion",
     kinds={"python", "parquet"},
     owners=OWNERS,
-    code_version=PARSER_VERSION,
+    code_version="streetevents-parser-1",
     backfill_policy=PARTITIONED_BACKFILL,
 )
 def transcripts(context: dg.AssetExecutionContext, storage: TkgStorage, source: TranscriptSource) -> dg.MaterializeResult:
@@ -29,14 +23,12 @@ def transcripts(context: dg.AssetExecutionContext, storage: TkgStorage, source: 
     dropped. A call that does not parse is skipped and named in the metadata; the rest go on."""
     company, quarter = partition_of(context)
     loaded = source.load()
-    rows = rows_for_partition(loaded, company, quarter)
-    result = pipeline.parse_rows(rows, get_company(company))
-    path = storage.store.write(storage.store.partition_path("transcripts", company, quarter), result.table)
-    if not rows:
-        context.log.info(f"no transcript for {company} in the quarter starting {quarter} in {loaded.name}")
+    result = run_transcripts(storage.store, company, quarter, loaded)
+    for note in result.notes:
+        context.log.info(note)
     return dg.MaterializeResult(metadata=table_metadata(
-        result.table, path, result.counts, source=loaded.name,
-        skipped=dg.MetadataValue.md("\n".join(f"- {note}" for note in result.notes) or "none"),
+        result.table, result.path, result.counts, source=loaded.name,
+        notes=dg.MetadataValue.md("\n".join(f"- {note}" for note in result.notes) or "none"),
         fiscal_quarters=", ".join(result.table.column("fiscal_quarter").to_pylist()) or "none",
     ))
 
@@ -55,7 +47,5 @@ def chunks(context: dg.AssetExecutionContext, storage: TkgStorage, extraction: E
     plus one chunk for the participants list. Each chunk keeps its speaker and its character
     offsets into the transcript."""
     company, quarter = partition_of(context)
-    transcripts_table = read_partition(storage.store, "transcripts", company, quarter)
-    result = pipeline.chunk_transcripts(transcripts_table, extraction.embedder(), ChunkingSettings())
-    path = storage.store.write(storage.store.partition_path("chunks", company, quarter), result.table)
-    return dg.MaterializeResult(metadata=table_metadata(result.table, path, result.counts))
+    result = run_chunks(storage.store, company, quarter, extraction.embedder())
+    return dg.MaterializeResult(metadata=table_metadata(result.table, result.path, result.counts))

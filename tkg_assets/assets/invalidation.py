@@ -1,11 +1,9 @@
 """Invalidation over all partitions: newer facts retire the older facts they contradict."""
 
-
 import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage
-from tkg import tables
-from tkg.invalidation import canonical_triplets, invalidate
+from tkg.build import run_invalidation
 from tkg_assets.assets.common import OWNERS, table_metadata
 from tkg_assets.assets.extraction import temporal_events, triplets
 from tkg_assets.assets.resolution import canonical_entities
@@ -25,15 +23,6 @@ def invalidated_events(context: dg.AssetExecutionContext, storage: TkgStorage, e
     when that became known (expired_at) and by which event (invalidated_by). Recomputed from
     all events, so the result never depends on the order partitions arrived in. Every judgment
     and its reason is kept for audit."""
-    store = storage.store
-    mapping_path = store.global_path("canonical_entities", "entity_resolution")
-    if not mapping_path.exists():
-        raise FileNotFoundError("canonical_entities has not been materialised yet; materialise it before invalidated_events")
-    resolved = canonical_triplets(
-        store.read_all("triplets", tables.TRIPLETS), store.read(mapping_path), store.read(store.global_path("canonical_entities"))
-    )
     judge = extraction.judge()
-    result = invalidate(store.read_all("temporal_events", tables.EVENTS), resolved, judge)
-    path = store.write(store.global_path("invalidated_events", "event_invalidations"), result.event_invalidations)
-    store.write(store.global_path("invalidated_events", "invalidation_judgments"), result.judgments)
-    return dg.MaterializeResult(metadata=table_metadata(result.event_invalidations, path, result.counts, judge=judge.name))
+    result = run_invalidation(storage.store, judge)
+    return dg.MaterializeResult(metadata=table_metadata(result.event_invalidations, result.path, result.counts, judge=judge.name))

@@ -1,11 +1,9 @@
 """Entity resolution over all partitions: canonical entities with stable ids."""
 
-
 import dagster as dg
 
 from resources.tkg import TkgStorage
-from tkg import tables
-from tkg.resolution import resolve_entities
+from tkg.build import run_canonical_entities
 from tkg_assets.assets.common import OWNERS, table_metadata
 from tkg_assets.assets.extraction import entities
 from tkg_assets.automation import GLOBAL_AUTOMATION
@@ -24,10 +22,5 @@ def canonical_entities(context: dg.AssetExecutionContext, storage: TkgStorage) -
     parsed names (nicknames, initials), companies on suffix-free names and the company
     registry, offices on (role, organisation). Canonical ids never change once issued; merges
     are recorded in `merged_into`."""
-    store = storage.store
-    registry_path = store.global_path("canonical_entities")
-    previous = store.read(registry_path) if registry_path.exists() else None
-    resolution = resolve_entities(store.read_all("entities", tables.ENTITIES), previous)
-    path = store.write(registry_path, resolution.canonical_entities)
-    store.write(store.global_path("canonical_entities", "entity_resolution"), resolution.mapping)
-    return dg.MaterializeResult(metadata=table_metadata(resolution.canonical_entities, path, resolution.counts))
+    resolution = run_canonical_entities(storage.store)
+    return dg.MaterializeResult(metadata=table_metadata(resolution.canonical_entities, resolution.path, resolution.counts))

@@ -1,0 +1,80 @@
+"""Each asset materialises through Dagster for a sample partition, and the warehouse answers."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import dagster as dg
+import duckdb
+import pytest
+
+from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
+from tkg_assets.assets.ingestion import chunks, transcripts
+from tkg_assets.checks import one_holder_per_office, statements_have_provenance, validity_ranges_are_ordered
+from tkg_assets.definitions import GLOBAL_ASSETS, PARTITIONED_ASSETS
+from tkg_assets.partitions import partition_key
+
+SAMPLE_KEYS = [partition_key(company, date(2024, month, 1)) for company in ("HLIO", "QNTX") for month in (1, 4, 7, 10)]
+
+
+@pytest.fixture
+def resources(tmp_path):
+    return {
+        "storage": TkgStorage(home=str(tmp_path / "home")),
+        "source": TranscriptSource(source="sample"),
+        "extraction": ExtractionBackend(backend="offline"),
+    }
+
+
+@pytest.fixture
+def instance(tmp_path):
+    (tmp_path / "instance").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "instance")) as test_instance:
+        yield test_instance
+
+
+def test_partitioned_assets_materialise_one_by_one(resources, instance):
+    key = partition_key("HLIO", date(2024, 7, 1))
+    for position, asset in enumerate(PARTITIONED_ASSETS):
+        result = dg.materialize(PARTITIONED_ASSETS[: position + 1], selection=[asset], partition_key=key,
+                                resources=resources, instance=instance)
+        assert result.success, asset.key
+        materialization = result.asset_materializations_for_node(asset.op.name)[0]
+        assert materialization.metadata["dagster/row_count"].value > 0, asset.key
+
+
+def test_full_sample_graph_with_checks(resources, instance):
+    for key in SAMPLE_KEYS:
+        result = dg.materialize([*PARTITIONED_ASSETS, validity_ranges_are_ordered, statements_have_provenance],
+                                partition_key=key, resources=resources, instance=instance)
+        assert result.success, key
+        evaluations = result.get_asset_check_evaluations()
+        assert len(evaluations) == 2 and all(e.passed for e in evaluations)
+    result = dg.materialize([*GLOBAL_ASSETS, one_holder_per_office], resources=resources, instance=instance)
+    assert result.success
+    assert [e.passed for e in result.get_asset_check_evaluations()] == [True]
+
+    with duckdb.connect(str(resources["storage"].warehouse_path), read_only=True) as connection:
+        cfo = connection.execute(
+            "SELECT DISTINCT person FROM officers JOIN facts_as_of(TIMESTAMP '2024-09-01') USING (event_id) "
+            "WHERE officers.company = 'HLIO' AND role = 'CFO'").fetchall()
+        assert cfo == [("Marcus J. Ortega",)]
+        whitfield = connection.execute(
+            "SELECT DISTINCT invalid_at::DATE::VARCHAR, invalidated_by IS NOT NULL FROM officers "
+            "WHERE person = 'Dana Whitfield' AND role = 'CFO'").fetchall()
+        assert whitfield == [("2024-07-01", True)]
+        current_guidance = connection.execute(
+            "SELECT DISTINCT value FROM facts WHERE object = 'Helio FY2024 revenue guidance' "
+            "AND statement_type = 'FACT' AND invalid_at IS NULL").fetchall()
+        assert current_guidance == [("$1.35 billion",)]
+
+
+def test_missing_upstream_partition_is_a_clear_error(resources, instance):
+    with pytest.raises(FileNotFoundError, match="materialise `transcripts` for this partition first"):
+        dg.materialize([chunks], partition_key=partition_key("HLIO", date(2024, 7, 1)), resources=resources, instance=instance)
+
+
+def test_partition_without_a_call_gives_an_empty_table(resources, instance):
+    result = dg.materialize([transcripts], partition_key=partition_key("HLIO", date(2019, 1, 1)), resources=resources, instance=instance)
+    assert result.success
+    assert result.asset_materializations_for_node("transcripts")[0].metadata["dagster/row_count"].value == 0

@@ -1,0 +1,138 @@
+"""Offline extraction pieces: offices from titles, fiscal periods, labels, validity and triplets."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timezone
+
+import pytest
+
+from tkg.extraction.base import DocumentContext, apply_validity_rules, drop_dangling_triplets, split_sentences
+from tkg.extraction.offline import OfflineExtractor, label_statement
+from tkg.extraction.periods import PeriodResolver, find_date
+from tkg.models import (
+    RawEntity,
+    RawExtraction,
+    RawStatement,
+    RawTriplet,
+    StatementType,
+    TemporalType,
+    TemporalValidityRange,
+    parse_datetime_utc,
+)
+from tkg.roles import parse_offices
+
+NVDA = DocumentContext("NVDA", "NVIDIA Corporation", "NVIDIA", "Earnings Call Transcript",
+                       datetime(2020, 8, 19, 21, tzinfo=timezone.utc), "Q2 2021", date(2020, 5, 1), date(2020, 7, 31), 1)
+HLIO = DocumentContext("HLIO", "Helio Robotics, Inc.", "Helio", "Earnings Call Transcript",
+                       datetime(2024, 8, 6, 21, tzinfo=timezone.utc), "Q2 2024", date(2024, 4, 1), date(2024, 6, 30), 12)
+
+
+@pytest.mark.parametrize(
+    "title, offices",
+    [
+        ("Interim CEO, Executive VP & CFO", [("CEO", None, "Interim"), ("EVP", None, None), ("CFO", None, None)]),
+        ("Director & CEO of Google", [("Director", None, None), ("CEO", "Google", None)]),
+        ("CEO - Google Inc.", [("CEO", "Google Inc.", None)]),
+        ("SVP, CFO, and Treasurer", [("SVP", None, None), ("CFO", None, None), ("Treasurer", None, None)]),
+        ("VP of Finance and Director of IR", [("VP of Finance", None, None), ("Director of IR", None, None)]),
+        ("Chairman of the Management Board, CEO and President",
+         [("Chairman of the Management Board", None, None), ("CEO", None, None), ("President", None, None)]),
+        ("Executive Chairman", [("Chairman", None, None)]),
+        ("-", []),
+    ],
+)
+def test_offices_from_titles(title, offices):
+    assert [(o.role, o.organization, o.qualifier) for o in parse_offices(title)] == offices
+
+
+def test_fiscal_periods_follow_the_company_calendar():
+    resolver = PeriodResolver(NVDA)
+    assert resolver.find("revenue for the quarter was", forward=False).label == "Q2 2021"
+    third = resolver.find("for the third quarter we expect", forward=True)
+    assert (third.label, third.start.date(), third.end.date()) == ("Q3 2021", date(2020, 8, 1), date(2020, 11, 1))
+    assert resolver.find("next quarter", forward=True).label == "Q3 2021"
+    assert resolver.find("fiscal 2021", forward=True).start.date() == date(2020, 2, 1)
+    assert find_date("effective July 1, 2024")[0] == datetime(2024, 7, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    "sentence, labels",
+    [
+        ("Revenue for the quarter was $326 million, up 26% year-over-year.", (StatementType.FACT, TemporalType.STATIC)),
+        ("For the third quarter, we expect revenue of approximately $355 million.", (StatementType.PREDICTION, TemporalType.DYNAMIC)),
+        ("We are very pleased with the momentum in the business.", (StatementType.OPINION, TemporalType.STATIC)),
+        ("Helio has three manufacturing sites in Ohio.", (StatementType.FACT, TemporalType.DYNAMIC)),
+    ],
+)
+def test_statement_labels(sentence, labels):
+    assert label_statement(sentence) == labels
+
+
+def test_sentences_keep_abbreviations_together():
+    text = "Intel Corp. and AMD Inc. grew. We expect U.S. sales to rise!\n    1. 2Q17 revenue = $52.9b."
+    assert [text[s:e] for s, e in split_sentences(text)] == [
+        "Intel Corp. and AMD Inc. grew.", "We expect U.S. sales to rise!", "1. 2Q17 revenue = $52.9b."]
+
+
+def test_guidance_becomes_a_dynamic_fact_that_can_be_revised():
+    extractor = OfflineExtractor()
+    from tkg.models import Chunk
+
+    chunk = Chunk(chunk_id="c", transcript_id="t", company="HLIO", chunk_index=0, kind="speech", section="Presentation",
+                  speaker="Marcus J. Ortega", start=0, end=10,
+                  text="For the full year 2024, we now expect revenue of approximately $1.35 billion, up from our prior outlook of $1.20 billion.")
+    statements = extractor.extract_statements([chunk], HLIO)[0]
+    guidance = [s for s in statements if s.statement_type == StatementType.FACT]
+    assert [s.statement for s in guidance] == ["Helio's FY2024 revenue guidance is $1.35 billion."]
+    assert guidance[0].temporal_type == TemporalType.DYNAMIC
+    extraction = extractor.extract_triplets(guidance, HLIO)[0]
+    assert [(t.predicate.value, t.object_name, t.value) for t in extraction.triplets] == [
+        ("TARGETS", "Helio FY2024 revenue guidance", "$1.35 billion")]
+
+
+def test_appointments_carry_their_effective_date():
+    extractor = OfflineExtractor()
+    from tkg.models import Chunk
+
+    chunk = Chunk(chunk_id="c", transcript_id="t", company="HLIO", chunk_index=0, kind="speech", section="Presentation",
+                  speaker="Priya Raman", start=0, end=10,
+                  text="Dana Whitfield stepped down as Chief Financial Officer, and Marcus Ortega joined Helio as CFO effective July 1, 2024.")
+    derived = [s for s in extractor.extract_statements([chunk], HLIO)[0] if s.statement.startswith("Marcus")]
+    assert derived[0].statement == "Marcus Ortega became CFO of Helio Robotics, Inc on July 1, 2024."
+    validity = extractor.extract_validity(derived, HLIO)[0]
+    assert validity.valid_at == datetime(2024, 7, 1, tzinfo=timezone.utc)
+    triplet = extractor.extract_triplets(derived, HLIO)[0].triplets[0]
+    assert (triplet.predicate.value, triplet.object_name) == ("HOLDS_ROLE", "CFO of Helio Robotics, Inc.")
+
+
+def test_validity_post_rules():
+    published = datetime(2024, 8, 6, tzinfo=timezone.utc)
+    static = RawStatement(statement="x", statement_type="FACT", temporal_type="STATIC")
+    extracted = TemporalValidityRange(valid_at="2024-04-01", invalid_at="2024-07-01")
+    assert apply_validity_rules(static, extracted, published).invalid_at is None
+    dynamic = RawStatement(statement="x", statement_type="FACT", temporal_type="DYNAMIC")
+    assert apply_validity_rules(dynamic, None, published).valid_at == published
+    atemporal = RawStatement(statement="x", statement_type="FACT", temporal_type="ATEMPORAL")
+    assert apply_validity_rules(atemporal, extracted, published) == TemporalValidityRange()
+
+
+def test_model_validators_normalise_llm_output():
+    assert RawStatement(statement="x", statement_type="prediction", temporal_type="Dynamic").statement_type == StatementType.PREDICTION
+    assert parse_datetime_utc("2017") == datetime(2017, 1, 1, tzinfo=timezone.utc)
+    assert parse_datetime_utc("2017-06-01").tzinfo == timezone.utc
+    assert parse_datetime_utc("not a date") is None
+    with pytest.raises(ValueError, match="before valid_at"):
+        TemporalValidityRange(valid_at="2020-01-01", invalid_at="2019-01-01")
+    assert RawEntity(entity_idx="2", name="AMD", type="company").type.value == "Organization"
+
+
+def test_dangling_triplets_are_dropped_and_counted():
+    from tkg.extraction.base import StageStats
+
+    extraction = RawExtraction(
+        entities=[RawEntity(entity_idx=0, name="AMD", type="Organization")],
+        triplets=[RawTriplet(subject_name="AMD", subject_id=0, predicate="LAUNCHED", object_name="Ryzen", object_id=7)],
+    )
+    stats = StageStats()
+    assert drop_dangling_triplets(extraction, stats).triplets == []
+    assert stats.dropped["triplet_entity_index_out_of_range"] == 1

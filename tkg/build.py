@@ -1,0 +1,151 @@
+"""Stage runners: read a stage's inputs from the store, run it, write its Parquet file.
+
+The Dagster assets are one call to one of these each; `build_graph` chains them without
+Dagster for library use, tests and benchmarks. Both paths therefore produce the same files.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+from tkg import pipeline, tables
+from tkg.chunking import ChunkingSettings
+from tkg.companies import get_company
+from tkg.embeddings import Embedder
+from tkg.extraction.base import Extractor
+from tkg.invalidation import InvalidationResult, Judge, canonical_triplets, invalidate
+from tkg.pipeline import StageResult
+from tkg.resolution import Resolution, resolve_entities
+from tkg.sources import LoadedSource, quarter_start, rows_for_partition
+from tkg.store import ParquetStore
+from tkg.warehouse import PublishResult, publish
+
+PARTITIONED_STAGES = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "entities")
+
+
+def read_partition(store: ParquetStore, asset: str, company: str, quarter: date):
+    path = store.partition_path(asset, company, quarter)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{asset} for partition {company}|{quarter.isoformat()} has not been materialised ({path}); "
+            f"materialise `{asset}` for this partition first"
+        )
+    return store.read(path)
+
+
+def _write(store: ParquetStore, asset: str, company: str, quarter: date, result: StageResult) -> StageResult:
+    result.path = store.write(store.partition_path(asset, company, quarter), result.table)
+    return result
+
+
+def run_transcripts(store: ParquetStore, company: str, quarter: date, source: LoadedSource) -> StageResult:
+    rows = rows_for_partition(source, company, quarter)
+    result = pipeline.parse_rows(rows, get_company(company))
+    if not rows:
+        result.notes.append(f"no call for {company} in the quarter starting {quarter.isoformat()} in {source.name}")
+    return _write(store, "transcripts", company, quarter, result)
+
+
+def run_chunks(store: ParquetStore, company: str, quarter: date, embedder: Embedder,
+               settings: ChunkingSettings = ChunkingSettings()) -> StageResult:
+    result = pipeline.chunk_transcripts(read_partition(store, "transcripts", company, quarter), embedder, settings)
+    return _write(store, "chunks", company, quarter, result)
+
+
+def run_statements(store: ParquetStore, company: str, quarter: date, extractor: Extractor) -> StageResult:
+    result = pipeline.extract_statements(
+        read_partition(store, "transcripts", company, quarter), read_partition(store, "chunks", company, quarter), extractor
+    )
+    return _write(store, "statements", company, quarter, result)
+
+
+def run_temporal_events(store: ParquetStore, company: str, quarter: date, extractor: Extractor, embedder: Embedder) -> StageResult:
+    result = pipeline.build_events(
+        read_partition(store, "transcripts", company, quarter), read_partition(store, "statements", company, quarter),
+        extractor, embedder,
+    )
+    return _write(store, "temporal_events", company, quarter, result)
+
+
+def run_triplets(store: ParquetStore, company: str, quarter: date, extractor: Extractor) -> StageResult:
+    result = pipeline.extract_triplets(
+        read_partition(store, "transcripts", company, quarter), read_partition(store, "temporal_events", company, quarter),
+        extractor,
+    )
+    return _write(store, "triplets", company, quarter, result)
+
+
+def run_entities(store: ParquetStore, company: str, quarter: date, embedder: Embedder) -> StageResult:
+    result = pipeline.build_entity_mentions(read_partition(store, "triplets", company, quarter), embedder)
+    return _write(store, "entities", company, quarter, result)
+
+
+def run_partition(store: ParquetStore, company: str, quarter: date, source: LoadedSource, extractor: Extractor,
+                  embedder: Embedder) -> dict[str, StageResult]:
+    """All partitioned stages of one company x quarter, in order."""
+    return {
+        "transcripts": run_transcripts(store, company, quarter, source),
+        "chunks": run_chunks(store, company, quarter, embedder),
+        "statements": run_statements(store, company, quarter, extractor),
+        "temporal_events": run_temporal_events(store, company, quarter, extractor, embedder),
+        "triplets": run_triplets(store, company, quarter, extractor),
+        "entities": run_entities(store, company, quarter, embedder),
+    }
+
+
+def run_canonical_entities(store: ParquetStore) -> Resolution:
+    """Resolve every mention, keeping the ids of the previous registry."""
+    registry = store.global_path("canonical_entities")
+    previous = store.read(registry) if registry.exists() else None
+    resolution = resolve_entities(store.read_all("entities", tables.ENTITIES), previous)
+    resolution.path = store.write(registry, resolution.canonical_entities)
+    store.write(store.global_path("canonical_entities", "entity_resolution"), resolution.mapping)
+    return resolution
+
+
+def run_invalidation(store: ParquetStore, judge: Judge) -> InvalidationResult:
+    mapping_path = store.global_path("canonical_entities", "entity_resolution")
+    if not mapping_path.exists():
+        raise FileNotFoundError("canonical_entities has not been materialised yet; materialise it before invalidated_events")
+    resolved = canonical_triplets(
+        store.read_all("triplets", tables.TRIPLETS), store.read(mapping_path), store.read(store.global_path("canonical_entities"))
+    )
+    result = invalidate(store.read_all("temporal_events", tables.EVENTS), resolved, judge)
+    result.path = store.write(store.global_path("invalidated_events", "event_invalidations"), result.event_invalidations)
+    store.write(store.global_path("invalidated_events", "invalidation_judgments"), result.judgments)
+    return result
+
+
+@dataclass
+class BuildReport:
+    partitions: list[tuple[str, date]]
+    counts: Counter = field(default_factory=Counter)
+    publish: PublishResult | None = None
+
+
+def partitions_of(source: LoadedSource, companies: set[str] | None = None, since: date | None = None,
+                  until: date | None = None) -> list[tuple[str, date]]:
+    """(company, quarter) keys with at least one call matching the filters, oldest first."""
+    keys = {
+        (row.company, quarter_start(row.call_date)) for row in source.rows
+        if (not companies or row.company in companies) and (since is None or row.call_date >= since)
+        and (until is None or row.call_date <= until)
+    }
+    return sorted(keys, key=lambda key: (key[1], key[0]))
+
+
+def build_graph(store: ParquetStore, source: LoadedSource, partitions: list[tuple[str, date]], extractor: Extractor,
+                embedder: Embedder, judge: Judge, warehouse: Path | None = None) -> BuildReport:
+    """Every stage without Dagster: partitions in the given order, then the global stages."""
+    report = BuildReport(partitions=list(partitions))
+    for company, quarter in partitions:
+        for stage, result in run_partition(store, company, quarter, source, extractor, embedder).items():
+            report.counts[f"{stage}_rows"] += result.table.num_rows
+    report.counts.update(run_canonical_entities(store).counts)
+    report.counts.update(run_invalidation(store, judge).counts)
+    if warehouse is not None:
+        report.publish = publish(store, warehouse)
+    return report
