@@ -6,7 +6,7 @@ import dagster as dg
 from resources.tkg import TkgStorage
 from tkg.warehouse import SqlModel, applied_sha256, describe_model, load_models, publish, reapply_model
 from tkg_assets.assets.common import OWNERS
-from tkg_assets.automation import GLOBAL_AUTOMATION
+from tkg_assets.automation import SQL_MODEL_AUTOMATION, WAREHOUSE_AUTOMATION
 
 DUCKDB_POOL = "tkg_duckdb_write"
 PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "entities",
@@ -20,7 +20,7 @@ PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "tr
     deps=list(PIPELINE_ASSETS),
     code_version="warehouse-1",
     pool=DUCKDB_POOL,
-    automation_condition=GLOBAL_AUTOMATION,
+    automation_condition=WAREHOUSE_AUTOMATION,
 )
 def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.MaterializeResult:
     """Publishes tkg.duckdb: a fresh file holding the Parquet tables (schema `raw`) and every
@@ -36,8 +36,11 @@ def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.Mate
 
 
 def _model_asset(model: SqlModel) -> dg.AssetsDefinition:
-    deps = [warehouse.key, *(dg.AssetKey(["sql", name]) for name in model.depends_on),
-            *(dg.AssetKey(name) for name in model.upstream_assets)]
+    # Lineage as in dbt: a model depends on the models it selects from (refs) and on the
+    # warehouse, which publishes the raw tables it reads (sources). The pipeline assets behind
+    # those raw tables are named in metadata; as direct deps they would make automation refresh
+    # the model whenever a partition lands, before the warehouse has republished.
+    deps = [warehouse.key, *(dg.AssetKey(["sql", name]) for name in model.depends_on)]
 
     @dg.asset(
         key=dg.AssetKey(["sql", model.name]),
@@ -48,8 +51,11 @@ def _model_asset(model: SqlModel) -> dg.AssetsDefinition:
         description=f"{model.description}\n\n```sql\n{model.sql}\n```",
         code_version=model.sha256[:16],
         pool=DUCKDB_POOL,
-        automation_condition=GLOBAL_AUTOMATION,
-        metadata={"sql_file": dg.MetadataValue.path(str(model.path))},
+        automation_condition=SQL_MODEL_AUTOMATION,
+        metadata={
+            "sql_file": dg.MetadataValue.path(str(model.path)),
+            "reads_raw_tables_of": ", ".join(model.upstream_assets) or "other models only",
+        },
     )
     def sql_model(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.MaterializeResult:
         target = storage.warehouse_path
