@@ -43,7 +43,7 @@ def test_build_publishes_every_partition(built):
     with duckdb.connect(str(built / "tkg.duckdb"), read_only=True) as connection:
         calls = connection.execute("SELECT company, count(*) FROM transcripts GROUP BY ALL ORDER BY 1").fetchall()
         assert calls == [("AMD", 8), ("INTC", 8)]
-        assert connection.execute("SELECT count(*) FROM facts").fetchone()[0] > 1000
+        assert connection.execute("SELECT count(*) FROM facts WHERE predicate = 'HOLDS_ROLE'").fetchone()[0] > 200
     # the runs are recorded in the persistent DAGSTER_HOME, so `dagster dev` shows them later
     assert any((built / "dagster_home").rglob("*.db"))
 
@@ -58,7 +58,7 @@ def test_gold_cfo_as_of(built, case):
 def test_stacy_smith_is_retired_by_swan(built):
     with duckdb.connect(str(built / "tkg.duckdb"), read_only=True) as connection:
         rows = connection.execute(
-            "SELECT DISTINCT invalid_at::DATE::VARCHAR, i.subject FROM facts f "
+            "SELECT DISTINCT f.invalid_at::DATE::VARCHAR, i.subject FROM facts f "
             "JOIN facts i ON i.event_id = f.invalidated_by "
             "WHERE f.subject = 'Stacy Smith' AND f.object = 'CFO of Intel Corporation'"
         ).fetchall()
