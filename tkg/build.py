@@ -137,6 +137,30 @@ def partitions_of(source: LoadedSource, companies: set[str] | None = None, since
     return sorted(keys, key=lambda key: (key[1], key[0]))
 
 
+def _offline_partition(job: tuple[str, str, str, date]) -> dict[str, int]:
+    """Worker-process entry: one partition with the offline extractor and embedder."""
+    from tkg.embeddings import WordLlamaEmbedder
+    from tkg.extraction.offline import OfflineExtractor
+    from tkg.sources import load_source
+
+    root, source_name, company, quarter = job
+    results = run_partition(ParquetStore(root), company, quarter, load_source(source_name), OfflineExtractor(), WordLlamaEmbedder())
+    return {f"{stage}_rows": result.table.num_rows for stage, result in results.items()}
+
+
+def build_partitions_offline(store: ParquetStore, source_name: str, partitions: list[tuple[str, date]], workers: int = 2) -> Counter:
+    """Partitioned stages for many partitions in `workers` processes (offline backend only:
+    the LLM path parallelises requests inside a partition instead)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    counts: Counter = Counter()
+    jobs = [(str(store.root), source_name, company, quarter) for company, quarter in partitions]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for partition_counts in pool.map(_offline_partition, jobs):
+            counts.update(partition_counts)
+    return counts
+
+
 def build_graph(store: ParquetStore, source: LoadedSource, partitions: list[tuple[str, date]], extractor: Extractor,
                 embedder: Embedder, judge: Judge, warehouse: Path | None = None) -> BuildReport:
     """Every stage without Dagster: partitions in the given order, then the global stages."""
@@ -144,6 +168,11 @@ def build_graph(store: ParquetStore, source: LoadedSource, partitions: list[tupl
     for company, quarter in partitions:
         for stage, result in run_partition(store, company, quarter, source, extractor, embedder).items():
             report.counts[f"{stage}_rows"] += result.table.num_rows
+    return finish_graph(store, judge, warehouse, report)
+
+
+def finish_graph(store: ParquetStore, judge: Judge, warehouse: Path | None, report: BuildReport) -> BuildReport:
+    """The global stages: resolution, invalidation and (optionally) the warehouse."""
     report.counts.update(run_canonical_entities(store).counts)
     report.counts.update(run_invalidation(store, judge).counts)
     if warehouse is not None:

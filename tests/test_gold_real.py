@@ -1,0 +1,118 @@
+"""The whole real corpus, offline: the gold questions, harder officer cases, and no stable
+officer ever retired."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+from tkg.build import BuildReport, build_partitions_offline, finish_graph, partitions_of
+from tkg.invalidation import RuleJudge
+from tkg.sources import load_source
+from tkg.store import ParquetStore
+from tests.conftest import CORPUS, gold_cases, needs_corpus, needs_gold
+
+pytestmark = [needs_corpus, pytest.mark.slow]
+
+# Officer successions read off the participants lists (see ../shared/data/earnings_calls/README.md),
+# beyond the gold set: interim roles, CEO successions, initials and nicknames.
+HARDER_ROLE_CASES = [
+    ("INTC", "CEO", "2018-01-01", {"Brian M. Krzanich", "Brian Krzanich"}),
+    ("INTC", "CEO", "2018-09-01", {"Robert H. Swan", "Bob Swan"}),  # interim CEO from July 2018
+    ("INTC", "CFO", "2019-06-01", {"George S. Davis"}),
+    ("MU", "CEO", "2017-01-01", {"Mark Durcan"}),
+    ("MU", "CEO", "2018-01-01", {"Sanjay Mehrotra"}),
+    ("MU", "CFO", "2017-06-01", {"Ernest E. Maddock", "Ernie Maddock"}),
+    ("MU", "CFO", "2019-01-01", {"David A. Zinsner"}),
+    ("ASML", "CFO", "2017-06-01", {"Wolfgang U. Nickl", "Wolfgang Nickl"}),
+    ("ASML", "CFO", "2019-06-01", {"Roger J. M. Dassen", "R.J.M. Dassen", "R. J. M. Dassen"}),
+    ("CSCO", "CEO", "2019-06-01", {"Charles H. Robbins", "Chuck Robbins"}),
+    ("GOOGL", "CFO", "2018-06-01", {"Ruth M. Porat", "Ruth Porat"}),
+    ("AMZN", "CFO", "2020-06-01", {"Brian T. Olsavsky", "Brian Olsavsky"}),
+]
+HARDER_ALIAS_CASES = [
+    ("Chuck Robbins", "Charles H. Robbins", True), ("R.J.M. Dassen", "Roger J. M. Dassen", True),
+    ("Ernie Maddock", "Ernest E. Maddock", True), ("Jen-Hsun Huang", "Jensen Huang", True),
+    ("Stacy Smith", "Stacy Rasgon", False), ("Mark Durcan", "Mark Henninger", False),
+    ("Brian Krzanich", "Brian Olsavsky", False), ("Ruth Porat", "Ruth Cotter", False),
+]
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory):
+    home = tmp_path_factory.mktemp("corpus")
+    store = ParquetStore(home)
+    source = load_source(str(CORPUS))
+    partitions = partitions_of(source)
+    build_partitions_offline(store, str(CORPUS), partitions, workers=2)
+    finish_graph(store, RuleJudge(), home / "tkg.duckdb", BuildReport(partitions=partitions))
+    connection = duckdb.connect(str(home / "tkg.duckdb"), read_only=True)
+    yield connection
+    connection.close()
+
+
+def _holders(connection, company, role, as_of) -> set[str]:
+    rows = connection.execute(
+        "SELECT DISTINCT subject FROM facts_as_of(CAST(? AS TIMESTAMP)) "
+        "WHERE company = ? AND predicate = 'HOLDS_ROLE' AND object_id IN "
+        "(SELECT office_id FROM officers WHERE company = ? AND role = ?)",
+        [as_of, company, company, role],
+    ).fetchall()
+    return {name for (name,) in rows}
+
+
+def _canonical(connection, name) -> str | None:
+    row = connection.execute("SELECT canonical_id FROM entity_aliases WHERE alias = ? AND type = 'Person'", [name]).fetchone()
+    return row[0] if row else None
+
+
+@needs_gold
+@pytest.mark.parametrize("case", gold_cases("role_as_of"), ids=lambda c: c["id"])
+def test_gold_officers_as_of(warehouse, case):
+    holders = _holders(warehouse, case["company"], case["role"], case["as_of"])
+    assert len(holders) == 1 and holders <= set(case["aliases"]) | {case["expected"]}, holders
+    assert not holders & set(case["others"])
+
+
+@needs_gold
+@pytest.mark.parametrize("case", gold_cases("alias"), ids=lambda c: c["id"])
+def test_gold_aliases(warehouse, case):
+    a, b = _canonical(warehouse, case["a"]), _canonical(warehouse, case["b"])
+    assert a is not None and b is not None
+    assert (a == b) is case["same"]
+
+
+@pytest.mark.parametrize("company, role, as_of, expected", HARDER_ROLE_CASES, ids=lambda v: str(v))
+def test_harder_officer_cases(warehouse, company, role, as_of, expected):
+    holders = _holders(warehouse, company, role, as_of)
+    assert len(holders) == 1 and holders <= expected, holders
+
+
+@pytest.mark.parametrize("a, b, same", HARDER_ALIAS_CASES)
+def test_harder_alias_cases(warehouse, a, b, same):
+    left, right = _canonical(warehouse, a), _canonical(warehouse, b)
+    assert left is not None and right is not None
+    assert (left == right) is same
+
+
+def test_no_stable_officer_is_ever_retired(warehouse):
+    """A retired HOLDS_ROLE fact must not be followed by the same person stating the same office."""
+    wrongly_retired = warehouse.execute(
+        "SELECT i.company, i.person, i.office, i.invalid_at FROM officers AS i WHERE i.invalidated_by IS NOT NULL "
+        "AND EXISTS (SELECT 1 FROM officers AS later WHERE later.person_id = i.person_id "
+        "AND later.office_id = i.office_id AND later.valid_at >= i.invalid_at)"
+    ).fetchall()
+    assert wrongly_retired == []
+    lisa_su = warehouse.execute(
+        "SELECT count(*), count(invalidated_by) FROM officers WHERE company = 'AMD' AND person = 'Lisa T. Su' AND role = 'CEO'").fetchone()
+    assert lisa_su[0] >= 19 and lisa_su[1] == 0
+
+
+def test_one_holder_per_office_at_any_time(warehouse):
+    overlaps = warehouse.execute(
+        "SELECT a.company, a.office, a.person, b.person FROM officers a JOIN officers b "
+        "ON a.office_id = b.office_id AND a.person_id < b.person_id "
+        "AND a.valid_at < coalesce(b.invalid_at, 'infinity'::TIMESTAMPTZ) AND b.valid_at < coalesce(a.invalid_at, 'infinity'::TIMESTAMPTZ) "
+        "WHERE a.role IN ('CEO', 'CFO', 'COO', 'President', 'Chairman')"
+    ).fetchall()
+    assert overlaps == []

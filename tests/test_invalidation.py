@@ -1,0 +1,207 @@
+"""Invalidation: REFERENCE 1.8 rules, functional relations, and order independence."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from datetime import datetime, timezone
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from tkg import tables
+from tkg.build import build_graph, finish_graph, partitions_of, run_partition, BuildReport
+from tkg.embeddings import WordLlamaEmbedder
+from tkg.extraction.offline import OfflineExtractor
+from tkg.invalidation import RuleJudge, invalidate
+from tkg.sources import SAMPLE_PATH, load_source
+from tkg.store import ParquetStore
+from tests.conftest import CORPUS, needs_corpus
+
+
+def day(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+
+
+def scenario(*facts):
+    """facts: (event_id, statement, temporal_type, valid_at, invalid_at, (subject, predicate, object, value), created_at?)"""
+    embedder = WordLlamaEmbedder()
+    vectors = embedder.embed([f[1] for f in facts])
+    events, triplets = [], []
+    for (event_id, statement, temporal_type, valid_at, invalid_at, (subject, predicate, obj, value), *created), vector in zip(facts, vectors):
+        created_at = day(created[0]) if created else day(valid_at)
+        events.append({"event_id": event_id, "chunk_id": "c", "transcript_id": "t", "company": "X", "quarter": None,
+                       "statement": statement, "statement_hash": event_id, "statement_type": "FACT", "temporal_type": temporal_type,
+                       "valid_at": day(valid_at), "invalid_at": day(invalid_at) if invalid_at else None,
+                       "created_at": created_at, "expired_at": None, "ingested_at": created_at, "embedding": vector.tolist()})
+        triplets.append({"triplet_id": f"t{event_id}", "event_id": event_id, "company": "X", "quarter": None,
+                         "subject_id": subject, "subject": subject, "subject_mention": subject, "predicate": predicate,
+                         "object_id": obj, "object": obj, "object_mention": obj, "value": value})
+    return tables.to_table(events, tables.EVENTS), pa.Table.from_pylist(triplets)
+
+
+def outcome(events, triplets) -> dict[str, tuple]:
+    result = invalidate(events, triplets, RuleJudge())
+    return {r["event_id"]: (r["invalid_at"].date().isoformat(), r["invalidated_by"], r["expired_at"].date().isoformat())
+            for r in result.event_invalidations.to_pylist()}
+
+
+CFO = "CFO of Intel Corporation"
+
+
+def test_new_holder_of_a_one_at_a_time_office_retires_the_old_one():
+    events, triplets = scenario(
+        ("smith1", "Stacy Smith is CFO of Intel Corporation.", "DYNAMIC", "2016-01-14", None, ("Stacy Smith", "HOLDS_ROLE", CFO, "CFO")),
+        ("smith2", "Stacy Smith is CFO of Intel Corporation.", "DYNAMIC", "2016-07-20", None, ("Stacy Smith", "HOLDS_ROLE", CFO, "CFO")),
+        ("swan1", "Robert H. Swan is CFO of Intel Corporation.", "DYNAMIC", "2016-10-18", None, ("Robert H. Swan", "HOLDS_ROLE", CFO, "CFO")),
+        ("swan2", "Robert H. Swan is CFO of Intel Corporation.", "DYNAMIC", "2017-01-26", None, ("Robert H. Swan", "HOLDS_ROLE", CFO, "CFO")),
+        ("swan_evp", "Robert H. Swan is EVP of Intel Corporation.", "DYNAMIC", "2017-01-26", None,
+         ("Robert H. Swan", "HOLDS_ROLE", "EVP of Intel Corporation", "EVP")),
+    )
+    # both Smith statements end when Swan's first starts; the restated Swan and his second office stay open
+    assert outcome(events, triplets) == {"smith1": ("2016-10-18", "swan1", "2016-10-18"), "smith2": ("2016-10-18", "swan1", "2016-10-18")}
+
+
+def test_guidance_revision_and_restatement():
+    g = "Helio FY2024 revenue guidance"
+    events, triplets = scenario(
+        ("g1", "Helio's FY2024 revenue guidance is $1.20 billion.", "DYNAMIC", "2024-02-06", None, ("Helio", "TARGETS", g, "$1.20 billion")),
+        ("g2", "Helio's FY2024 revenue guidance is $1.20 billion.", "DYNAMIC", "2024-05-07", None, ("Helio", "TARGETS", g, "$1.20 billion")),
+        ("g3", "Helio's FY2024 revenue guidance is $1.35 billion.", "DYNAMIC", "2024-08-06", None, ("Helio", "TARGETS", g, "$1.35 billion")),
+        ("g4", "Helio's FY2024 revenue guidance is 12%.", "DYNAMIC", "2024-11-05", None, ("Helio", "TARGETS", g, "12%")),
+    )
+    assert outcome(events, triplets) == {"g1": ("2024-08-06", "g3", "2024-08-06"), "g2": ("2024-08-06", "g3", "2024-08-06")}
+
+
+def test_contradiction_inside_one_transcript_counts():
+    """One call says who was CFO until June and who is CFO now: same created_at, different valid_at."""
+    events, triplets = scenario(
+        ("old", "Dana Whitfield is CFO of Helio.", "DYNAMIC", "2024-02-06", None, ("Dana Whitfield", "HOLDS_ROLE", "CFO of Helio", "CFO"), "2024-08-06"),
+        ("new", "Marcus Ortega became CFO of Helio on July 1, 2024.", "DYNAMIC", "2024-07-01", None,
+         ("Marcus J. Ortega", "HOLDS_ROLE", "CFO of Helio", "CFO"), "2024-08-06"),
+    )
+    assert outcome(events, triplets) == {"old": ("2024-07-01", "new", "2024-08-06")}
+
+
+def test_earliest_retirement_wins_and_finished_events_only_move_earlier():
+    office = "CEO of Quantaris Networks Corporation"
+    events, triplets = scenario(
+        ("becker", "Thomas Becker is CEO of Quantaris Networks Corporation.", "DYNAMIC", "2024-01-30", "2024-12-31", ("Thomas Becker", "HOLDS_ROLE", office, "CEO")),
+        ("vasquez", "Elena Vasquez is CEO of Quantaris Networks Corporation.", "DYNAMIC", "2024-10-01", None,
+         ("Elena Vasquez", "HOLDS_ROLE", office, "CEO"), "2024-07-30"),
+        ("interim", "Ann Lee is CEO of Quantaris Networks Corporation.", "DYNAMIC", "2024-11-15", None, ("Ann Lee", "HOLDS_ROLE", office, "CEO")),
+        ("late", "Bo Chen is CEO of Quantaris Networks Corporation.", "DYNAMIC", "2025-02-01", None, ("Bo Chen", "HOLDS_ROLE", office, "CEO")),
+    )
+    result = outcome(events, triplets)
+    # Becker's end moves earlier, to Vasquez's start; known since the 2024-07-30 call that announced her
+    assert result["becker"] == ("2024-10-01", "vasquez", "2024-07-30")
+    assert result["vasquez"] == ("2024-11-15", "interim", "2024-11-15")
+    assert result["interim"] == ("2025-02-01", "late", "2025-02-01")
+    assert "late" not in result
+
+
+def test_static_and_opinion_events_are_never_retired():
+    events, triplets = scenario(
+        ("q3", "Intel revenue for Q3 2016 was $15.8 billion.", "STATIC", "2016-07-01", None, ("Intel", "HAS_REVENUE", "Intel revenue Q3 2016", "$15.8 billion")),
+        ("q3b", "Intel revenue for Q3 2016 was $15.9 billion.", "STATIC", "2016-07-01", None, ("Intel", "HAS_REVENUE", "Intel revenue Q3 2016", "$15.9 billion")),
+    )
+    assert outcome(events, triplets) == {}
+
+
+def test_every_judgment_is_kept_with_its_reason():
+    events, triplets = scenario(
+        ("a", "Stacy Smith is CFO of Intel Corporation.", "DYNAMIC", "2016-01-14", None, ("Stacy Smith", "HOLDS_ROLE", CFO, "CFO")),
+        ("b", "Stacy Smith is CFO of Intel Corporation.", "DYNAMIC", "2016-04-19", None, ("Stacy Smith", "HOLDS_ROLE", CFO, "CFO")),
+    )
+    judgments = invalidate(events, triplets, RuleJudge()).judgments.to_pylist()
+    assert [(j["primary_event_id"], j["secondary_event_id"], j["invalidates"]) for j in judgments] == [("a", "b", False)]
+    assert "compatible" in judgments[0]["reason"] and judgments[0]["judge"] == RuleJudge.name
+
+
+# --- order independence on real builds ------------------------------------------------------
+
+
+def _history(home) -> list[tuple]:
+    store = ParquetStore(home)
+    rows = store.read(store.global_path("invalidated_events", "event_invalidations")).to_pylist()
+    return sorted((r["event_id"], r["invalid_at"], r["invalidated_by"], r["expired_at"]) for r in rows)
+
+
+def _build_in_order(home, source, partitions):
+    store = ParquetStore(home)
+    extractor, embedder = OfflineExtractor(), WordLlamaEmbedder()
+    for company, quarter in partitions:
+        run_partition(store, company, quarter, source, extractor, embedder)
+        # global stages after every partition, as automation does when partitions land one by one
+        finish_graph(store, RuleJudge(), None, BuildReport(partitions=[]))
+    return _history(home)
+
+
+def test_sample_history_does_not_depend_on_partition_order(tmp_path):
+    source = load_source("sample")
+    partitions = partitions_of(source)
+    shuffled = partitions[:]
+    random.Random(7).shuffle(shuffled)
+    in_date_order = _build_in_order(tmp_path / "forward", source, partitions)
+    assert len(in_date_order) >= 8
+    assert _build_in_order(tmp_path / "reverse", source, list(reversed(partitions))) == in_date_order
+    assert _build_in_order(tmp_path / "shuffled", source, shuffled) == in_date_order
+
+
+@needs_corpus
+def test_real_history_does_not_depend_on_partition_order(tmp_path):
+    """INTC 2016-2019 (three CFOs, an interim CEO): date order, reverse, and a missed call added last."""
+    from datetime import date
+
+    source = load_source(str(CORPUS))
+    partitions = partitions_of(source, {"INTC"}, date(2016, 1, 1), date(2019, 12, 31))
+    missed_last = [p for p in partitions if p != ("INTC", date(2017, 1, 1))] + [("INTC", date(2017, 1, 1))]
+    extractor, embedder = OfflineExtractor(), WordLlamaEmbedder()
+    histories = []
+    for name, order in (("forward", partitions), ("reverse", partitions[::-1]), ("missed_last", missed_last)):
+        home = tmp_path / name
+        for company, quarter in order:
+            run_partition(ParquetStore(home), company, quarter, source, extractor, embedder)
+        finish_graph(ParquetStore(home), RuleJudge(), None, BuildReport(partitions=order))
+        histories.append(_history(home))
+    assert histories[0] and histories[1] == histories[0] and histories[2] == histories[0]
+
+
+def test_reingesting_a_partition_reopens_what_only_it_retired(tmp_path):
+    """Re-ingest Helio's two later calls from a corrected source in which the CFO never changed:
+    Dana Whitfield's CFO facts, retired only by Marcus Ortega's, are open again."""
+    source = load_source("sample")
+    store = ParquetStore(tmp_path / "home")
+    build_graph(store, source, partitions_of(source), OfflineExtractor(), WordLlamaEmbedder(), RuleJudge())
+    whitfield = lambda: {(r["invalid_at"] is None) for r in _cfo_rows(store, "Dana Whitfield")}
+    assert whitfield() == {False}
+
+    corrected = tmp_path / "corrected.jsonl"
+    lines = []
+    for line in SAMPLE_PATH.read_text().splitlines():
+        row = json.loads(line)
+        if row["company"] == "HLIO" and row["date"] >= "2024-08-01":
+            row["transcript"] = (row["transcript"].replace("Marcus J. Ortega", "Dana Whitfield").replace("Marcus Ortega", "Dana Whitfield")
+                                 .replace("Marc Ortega", "Dana Whitfield").replace("joined Helio as CFO", "remains CFO"))
+        lines.append(json.dumps(row))
+    corrected.write_text("\n".join(lines) + "\n")
+    corrected_source = load_source(str(corrected))
+    extractor, embedder = OfflineExtractor(), WordLlamaEmbedder()
+    for company, quarter in partitions_of(corrected_source, {"HLIO"}):
+        if quarter.month >= 7:
+            run_partition(store, company, quarter, corrected_source, extractor, embedder)
+    finish_graph(store, RuleJudge(), None, BuildReport(partitions=[]))
+    assert whitfield() == {True}
+
+
+def _cfo_rows(store, person):
+    events = store.read_all("temporal_events", tables.EVENTS).to_pylist()
+    invalidations = {r["event_id"]: r for r in store.read(store.global_path("invalidated_events", "event_invalidations")).to_pylist()}
+    rows = []
+    for event in events:
+        if event["statement"].startswith(f"{person} is CFO"):
+            rows.append({"event_id": event["event_id"], "invalid_at": (invalidations.get(event["event_id"]) or {}).get("invalid_at", event["invalid_at"])})
+    assert rows, person
+    return rows

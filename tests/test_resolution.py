@@ -1,0 +1,148 @@
+"""Entity resolution: the traps of the seed's fuzzy matching, and stable canonical ids."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+
+from tkg import tables
+from tkg.embeddings import WordLlamaEmbedder
+from tkg.resolution import resolve_entities
+
+T0 = datetime(2016, 1, 1, tzinfo=timezone.utc)
+
+
+def mentions(*items, start: int = 0, descriptions: dict[str, str] | None = None, embed: bool = False) -> "pa.Table":
+    """(type, name) pairs -> an entity-mentions table; one mention per item, a day apart."""
+    rows = []
+    for offset, (entity_type, name) in enumerate(items):
+        rows.append({"entity_id": f"m{start + offset}", "event_id": f"e{start + offset}", "company": "X", "quarter": None,
+                     "name": name, "type": entity_type, "description": (descriptions or {}).get(name, ""),
+                     "seen_at": T0 + timedelta(days=start + offset), "embedding": None})
+    if embed:
+        vectors = WordLlamaEmbedder().embed([f"{r['name']}: {r['description']}" for r in rows])
+        for row, vector in zip(rows, vectors):
+            row["embedding"] = vector.tolist()
+    return tables.to_table(rows, tables.ENTITIES)
+
+
+def clusters(resolution) -> dict[str, str]:
+    """name -> canonical id."""
+    by_id = dict(zip(resolution.mapping.column("entity_id").to_pylist(), resolution.mapping.column("canonical_id").to_pylist()))
+    return by_id
+
+
+def same(table, resolution, a: str, b: str) -> bool:
+    names = dict(zip(table.column("name").to_pylist(), table.column("entity_id").to_pylist()))
+    mapping = clusters(resolution)
+    return mapping[names[a]] == mapping[names[b]]
+
+
+@pytest.mark.parametrize("a, b", [
+    ("Bob Swan", "Robert H. Swan"), ("Robert Swan", "Robert H. Swan"), ("Chuck Robbins", "Charles H. Robbins"),
+    ("R.J.M. Dassen", "Roger J. M. Dassen"), ("R. J. M. Dassen", "Roger J. M. Dassen"), ("Ernie Maddock", "Ernest E. Maddock"),
+    ("Lisa Su", "Lisa T. Su"), ("Colette Kress", "Colette M. Kress"), ("Tim Cook", "Timothy D. Cook"),
+    ("Jen-Hsun Huang", "Jensen Hsun Huang"), ("Jensen Huang", "Jen-Hsun Huang"), ("Peter Wennink", "Peter T. F. M. Wennink"),
+])
+def test_people_with_nicknames_and_initials_merge(a, b):
+    table = mentions(("Person", a), ("Person", b))
+    assert same(table, resolve_entities(table), a, b)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("Stacy Smith", "Stacy Rasgon"), ("Dana Whitfield", "Dana Kowalski"), ("Robert H. Swan", "Robert J. Swan"),
+    ("Stacy Smith", "Robert H. Swan"), ("Brian Krzanich", "Brian Olsavsky"), ("Mark Durcan", "Mark Henninger"),
+])
+def test_people_sharing_only_a_first_name_stay_apart(a, b):
+    table = mentions(("Person", a), ("Person", b))
+    assert not same(table, resolve_entities(table), a, b)
+
+
+def test_a_name_matching_two_people_does_not_chain_them():
+    table = mentions(("Person", "Robert Swan"), ("Person", "Rebecca Swan"), ("Person", "R. Swan"))
+    resolution = resolve_entities(table)
+    assert not same(table, resolution, "Robert Swan", "Rebecca Swan")
+
+
+@pytest.mark.parametrize("a, b, expected", [
+    ("Micron", "Microsoft", False), ("Apple", "Applied Materials", False), ("Micron Technology", "Microsoft Corp", False),
+    ("AMD", "Advanced Micro Devices, Inc.", True), ("Advanced Micro Devices", "AMD", True), ("Intel Corp", "Intel Corporation", True),
+    ("Micron", "Micron Technology, Inc.", True), ("Google Inc.", "Google LLC", True), ("Google LLC", "Alphabet Inc.", False),
+    ("Acme Widgets", "Acme Widgets Technologies", True), ("Acme", "Acme Cloud", False),
+])
+def test_organisations(a, b, expected):
+    table = mentions(("Organization", a), ("Organization", b))
+    assert same(table, resolve_entities(table), a, b) is expected
+
+
+def test_registry_seeds_company_canonicals():
+    table = mentions(("Organization", "AMD"), ("Organization", "Advanced Micro Devices, Inc."), ("Organization", "Intel Corp"))
+    resolution = resolve_entities(table)
+    names = {r["canonical_id"]: r["name"] for r in resolution.canonical_entities.to_pylist()}
+    mapped = set(clusters(resolution).values())
+    assert {"cmp_AMD", "cmp_INTC"} == mapped
+    assert names["cmp_AMD"] == "Advanced Micro Devices, Inc."
+
+
+def test_offices_and_metrics_match_exactly():
+    table = mentions(("Role", "CFO of Intel Corp"), ("Role", "CFO of Intel Corporation"), ("Role", "CEO of Intel Corporation"),
+                     ("Metric", "Intel revenue Q3 2016"), ("Metric", "Intel revenue Q4 2016"))
+    resolution = resolve_entities(table)
+    assert same(table, resolution, "CFO of Intel Corp", "CFO of Intel Corporation")
+    assert not same(table, resolution, "CFO of Intel Corporation", "CEO of Intel Corporation")
+    assert not same(table, resolution, "Intel revenue Q3 2016", "Intel revenue Q4 2016")
+
+
+def test_description_embeddings_settle_ambiguous_extensions():
+    descriptions = {"Helios": "Helio Robotics' warehouse robot line", "Helios Robot": "Warehouse robot line sold by Helio Robotics",
+                    "Orion": "A satellite launched by a space agency", "Orion Cloud": "A cloud storage service for banks"}
+    table = mentions(("Organization", "Helios"), ("Organization", "Helios Robot"), ("Organization", "Orion"),
+                     ("Organization", "Orion Cloud"), descriptions=descriptions, embed=True)
+    resolution = resolve_entities(table)
+    vectors = {n: np.asarray(v) for n, v in zip(table.column("name").to_pylist(), table.column("embedding").to_pylist())}
+    assert float(vectors["Helios"] @ vectors["Helios Robot"]) > float(vectors["Orion"] @ vectors["Orion Cloud"])
+    assert not same(table, resolution, "Orion", "Orion Cloud")
+
+
+def test_canonical_ids_are_stable_as_partitions_arrive():
+    first = mentions(("Person", "Bob Swan"), ("Organization", "Acme Widgets"))
+    before = resolve_entities(first)
+    ids_before = {r["name"]: r["canonical_id"] for r in before.canonical_entities.to_pylist() if r["mention_count"]}
+    # a later partition brings the full name; the canonical keeps its id and its name
+    later = mentions(("Person", "Bob Swan"), ("Organization", "Acme Widgets"), ("Person", "Robert H. Swan"),
+                     ("Organization", "Acme Widgets Inc."))
+    after = resolve_entities(later, before.canonical_entities)
+    ids_after = {r["name"]: r["canonical_id"] for r in after.canonical_entities.to_pylist() if r["mention_count"]}
+    assert ids_after == ids_before
+    assert set(clusters(after).values()) == set(ids_before.values())
+
+
+def test_merges_of_existing_canonicals_are_recorded():
+    # A registry from an older, narrower matcher holds 'Robert H. Swan' and 'Bob Swan' apart.
+    def canonical(canonical_id, name, first_seen):
+        return {"canonical_id": canonical_id, "name": name, "type": "Person", "description": "", "aliases": [name],
+                "mention_count": 1, "first_seen": first_seen, "last_seen": first_seen, "merged_into": None, "source": "mentions"}
+    registry = tables.to_table([canonical("ent_old_robert", "Robert H. Swan", T0),
+                                canonical("ent_old_bob", "Bob Swan", T0 + timedelta(days=90))], tables.CANONICAL_ENTITIES)
+    joined = resolve_entities(mentions(("Person", "Robert H. Swan"), ("Person", "Bob Swan")), registry)
+    rows = {r["canonical_id"]: r for r in joined.canonical_entities.to_pylist()}
+    assert set(clusters(joined).values()) == {"ent_old_robert"}  # the older canonical survives, unrenamed
+    assert rows["ent_old_robert"]["name"] == "Robert H. Swan"
+    assert rows["ent_old_bob"]["merged_into"] == "ent_old_robert"  # the other is kept, with the merge recorded
+    assert joined.counts["merges_recorded"] == 1
+
+
+def test_grouping_does_not_depend_on_row_order():
+    items = [("Person", n) for n in ("Bob Swan", "Robert H. Swan", "Stacy Smith", "Stacy Rasgon", "R. Swan", "Rebecca Swan")]
+    items += [("Organization", n) for n in ("Micron", "Microsoft", "Micron Technology", "AMD", "Advanced Micro Devices")]
+    forward, backward = mentions(*items), mentions(*reversed(items))
+    def groups(table):
+        mapping = clusters(resolve_entities(table))
+        by_name = dict(zip(table.column("entity_id").to_pylist(), table.column("name").to_pylist()))
+        grouped: dict[str, set] = {}
+        for entity_id, canonical in mapping.items():
+            grouped.setdefault(canonical, set()).add(by_name[entity_id])
+        return sorted(map(sorted, grouped.values()))
+    assert groups(forward) == groups(backward)
