@@ -4,6 +4,7 @@ backend (offline rules or an OpenAI-compatible LLM) and embedder run."""
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import dagster as dg
@@ -13,6 +14,7 @@ from tkg.embeddings import Embedder, WordLlamaEmbedder
 from tkg.extraction.base import Extractor
 from tkg.extraction.offline import OfflineExtractor
 from tkg.invalidation import Judge, RuleJudge
+from tkg.llm.settings import LLMSettings, choose_backend, choose_embeddings, settings_from_env
 from tkg.sources import LoadedSource, describe, load_source
 from tkg.store import ParquetStore
 
@@ -52,25 +54,80 @@ class TranscriptSource(dg.ConfigurableResource):
 
 
 class ExtractionBackend(dg.ConfigurableResource):
-    """Statement, date and triplet extraction, the invalidation judge and the embedder.
+    """Statement, date and triplet extraction, the invalidation judge and the embedders.
 
-    `backend` 'offline' runs the rule-based extractor and judge with wordllama embeddings; no
-    key, no network.
+    `backend`: 'offline' runs the rule-based extractor and judge with wordllama embeddings (no
+    key, no network); 'openai' runs the prompts in prompts/ against OpenAI or any
+    OpenAI-compatible server (`base_url`). Unset, it follows TKG_LLM, else 'openai' when
+    OPENAI_API_KEY is set, else 'offline'. Every unset field falls back to its TKG_* variable
+    (see README). Chunking always uses the local wordllama embeddings: it embeds every
+    sentence window and is not worth paying for.
     """
 
-    backend: str = Field(default_factory=lambda: os.environ.get("TKG_LLM", "offline"), description="offline (TKG_LLM)")
+    backend: str | None = Field(None, description="openai | offline (TKG_LLM)")
+    embeddings: str | None = Field(None, description="openai | wordllama for statement embeddings (TKG_EMBEDDINGS)")
+    api_key: str | None = Field(None, description="Set from EnvVar('OPENAI_API_KEY'); never logged or stored")
+    base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://localhost:8000/v1 (OPENAI_BASE_URL)")
+    api_mode: str | None = Field(None, description="responses | chat (TKG_API_MODE)")
+    batch_size: int | None = Field(None, description="statements per validity/triplet request (TKG_BATCH_SIZE)")
+    max_in_flight: int | None = Field(None, description="requests in flight at most (TKG_MAX_IN_FLIGHT)")
+    service_tier: str | None = Field(None, description="e.g. flex (TKG_SERVICE_TIER)")
+    home: str = Field(default_factory=default_home, description="where the response cache lives (<home>/cache)")
+
+    def llm_settings(self) -> LLMSettings:
+        settings = settings_from_env()
+        overrides = {name: getattr(self, name) for name in ("base_url", "api_mode", "batch_size", "max_in_flight", "service_tier")
+                     if getattr(self, name) is not None}
+        return replace(settings, **overrides)
+
+    def resolved_backend(self) -> str:
+        return choose_backend(self.backend)
+
+    def _llm(self):
+        from tkg.llm.extractor import open_cache, shared_client
+
+        return shared_client(self.llm_settings(), self.api_key or os.environ.get("OPENAI_API_KEY")), open_cache(self.home)
+
+    def extractor(self) -> Extractor:
+        if self.resolved_backend() == "offline":
+            return OfflineExtractor()
+        from tkg.llm.extractor import LLMExtractor
+
+        return LLMExtractor(*self._llm())
+
+    def judge(self) -> Judge:
+        if self.resolved_backend() == "offline":
+            return RuleJudge()
+        from tkg.llm.extractor import LLMJudge
+
+        return LLMJudge(*self._llm())
+
+    def embedder(self) -> Embedder:
+        """Statement and entity-description embeddings."""
+        if choose_embeddings(self.embeddings, self.resolved_backend()) == "wordllama":
+            return WordLlamaEmbedder()
+        from tkg.llm.extractor import OpenAIEmbedder
+
+        return OpenAIEmbedder(*self._llm())
+
+    def chunk_embedder(self) -> Embedder:
+        return WordLlamaEmbedder()
 
     @staticmethod
     def code_version_for(stage: str) -> str:
-        """Code version of an extraction stage: a hash of what changes its output, so a new
-        prompt, model or rule set marks the asset stale in the UI."""
-        return OfflineExtractor().settings_fingerprint(stage)
+        """Code version of an extraction stage, from the environment the definitions load in:
+        a hash of the prompt template, model and settings (or of the rule set), so a new prompt
+        or model marks the asset stale in the UI."""
+        if choose_backend() == "offline":
+            return OfflineExtractor().settings_fingerprint(stage)
+        from tkg.llm.extractor import stage_fingerprint
 
-    def extractor(self) -> Extractor:
-        return OfflineExtractor()
+        return stage_fingerprint(settings_from_env(), stage)
 
-    def judge(self) -> Judge:
-        return RuleJudge()
 
-    def embedder(self) -> Embedder:
-        return WordLlamaEmbedder()
+def extraction_backend_from_env() -> ExtractionBackend:
+    """The resource as `dagster dev` and `tkg build` configure it: the key comes from the
+    environment as an EnvVar, so Dagster shows the variable's name, never its value."""
+    if os.environ.get("OPENAI_API_KEY"):
+        return ExtractionBackend(api_key=dg.EnvVar("OPENAI_API_KEY"))
+    return ExtractionBackend()

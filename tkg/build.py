@@ -7,6 +7,7 @@ Dagster for library use, tests and benchmarks. Both paths therefore produce the 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 from tkg import pipeline, tables
 from tkg.chunking import ChunkingSettings
 from tkg.companies import get_company
-from tkg.embeddings import Embedder
+from tkg.embeddings import Embedder, WordLlamaEmbedder
 from tkg.extraction.base import Extractor
 from tkg.invalidation import InvalidationResult, Judge, canonical_triplets, invalidate
 from tkg.pipeline import StageResult
@@ -41,6 +42,24 @@ def _write(store: ParquetStore, asset: str, company: str, quarter: date, result:
     return result
 
 
+def record_usage(store: ParquetStore, step: str, *components: object, company: str | None = None,
+                 quarter: date | None = None) -> list[dict]:
+    """Write the LLM accounting of the components a step used (offline ones have none)."""
+    from datetime import datetime, timezone
+
+    rows = []
+    for component in components:
+        usage_rows = getattr(component, "usage_rows", None)
+        if usage_rows is not None:
+            rows.extend(usage_rows(step))
+    if rows:
+        now = datetime.now(timezone.utc)
+        for row in rows:
+            row.update(company=company, quarter=quarter, recorded_at=now)
+        store.write(store.usage_path(step, company, quarter), tables.to_table(rows, tables.LLM_CALLS))
+    return rows
+
+
 def run_transcripts(store: ParquetStore, company: str, quarter: date, source: LoadedSource) -> StageResult:
     rows = rows_for_partition(source, company, quarter)
     result = pipeline.parse_rows(rows, get_company(company))
@@ -59,6 +78,7 @@ def run_statements(store: ParquetStore, company: str, quarter: date, extractor: 
     result = pipeline.extract_statements(
         read_partition(store, "transcripts", company, quarter), read_partition(store, "chunks", company, quarter), extractor
     )
+    record_usage(store, "statements", extractor, company=company, quarter=quarter)
     return _write(store, "statements", company, quarter, result)
 
 
@@ -67,33 +87,44 @@ def run_temporal_events(store: ParquetStore, company: str, quarter: date, extrac
         read_partition(store, "transcripts", company, quarter), read_partition(store, "statements", company, quarter),
         extractor, embedder,
     )
+    record_usage(store, "temporal_events", extractor, embedder, company=company, quarter=quarter)
     return _write(store, "temporal_events", company, quarter, result)
 
 
 def run_triplets(store: ParquetStore, company: str, quarter: date, extractor: Extractor) -> StageResult:
     result = pipeline.extract_triplets(
-        read_partition(store, "transcripts", company, quarter), read_partition(store, "temporal_events", company, quarter),
+        read_partition(store, "transcripts", company, quarter), read_partition(store, "statements", company, quarter),
         extractor,
     )
+    record_usage(store, "triplets", extractor, company=company, quarter=quarter)
     return _write(store, "triplets", company, quarter, result)
 
 
 def run_entities(store: ParquetStore, company: str, quarter: date, embedder: Embedder) -> StageResult:
     result = pipeline.build_entity_mentions(read_partition(store, "triplets", company, quarter), embedder)
+    record_usage(store, "entities", embedder, company=company, quarter=quarter)
     return _write(store, "entities", company, quarter, result)
 
 
 def run_partition(store: ParquetStore, company: str, quarter: date, source: LoadedSource, extractor: Extractor,
-                  embedder: Embedder) -> dict[str, StageResult]:
-    """All partitioned stages of one company x quarter, in order."""
-    return {
+                  embedder: Embedder, chunk_embedder: Embedder | None = None) -> dict[str, StageResult]:
+    """All partitioned stages of one company x quarter. Validity ranges (temporal_events) and
+    triplets both need only the statements, so they run at the same time, as the two assets
+    do under Dagster's multiprocess executor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    results = {
         "transcripts": run_transcripts(store, company, quarter, source),
-        "chunks": run_chunks(store, company, quarter, embedder),
+        # chunking embeds every sentence window: always with the local model (as the asset does)
+        "chunks": run_chunks(store, company, quarter, chunk_embedder or WordLlamaEmbedder()),
         "statements": run_statements(store, company, quarter, extractor),
-        "temporal_events": run_temporal_events(store, company, quarter, extractor, embedder),
-        "triplets": run_triplets(store, company, quarter, extractor),
-        "entities": run_entities(store, company, quarter, embedder),
     }
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"tkg-{company}") as pool:
+        events = pool.submit(run_temporal_events, store, company, quarter, extractor, embedder)
+        triplets = pool.submit(run_triplets, store, company, quarter, extractor)
+        results["temporal_events"], results["triplets"] = events.result(), triplets.result()
+    results["entities"] = run_entities(store, company, quarter, embedder)
+    return results
 
 
 def run_canonical_entities(store: ParquetStore) -> Resolution:
@@ -114,6 +145,7 @@ def run_invalidation(store: ParquetStore, judge: Judge) -> InvalidationResult:
         store.read_all("triplets", tables.TRIPLETS), store.read(mapping_path), store.read(store.global_path("canonical_entities"))
     )
     result = invalidate(store.read_all("temporal_events", tables.EVENTS), resolved, judge)
+    record_usage(store, "invalidated_events", judge)
     result.path = store.write(store.global_path("invalidated_events", "event_invalidations"), result.event_invalidations)
     store.write(store.global_path("invalidated_events", "invalidation_judgments"), result.judgments)
     return result
@@ -162,11 +194,28 @@ def build_partitions_offline(store: ParquetStore, source_name: str, partitions: 
 
 
 def build_graph(store: ParquetStore, source: LoadedSource, partitions: list[tuple[str, date]], extractor: Extractor,
-                embedder: Embedder, judge: Judge, warehouse: Path | None = None) -> BuildReport:
-    """Every stage without Dagster: partitions in the given order, then the global stages."""
+                embedder: Embedder, judge: Judge, warehouse: Path | None = None, concurrent_partitions: int = 1,
+                components: Callable[[], tuple[Extractor, Embedder]] | None = None) -> BuildReport:
+    """Every stage without Dagster, then the global stages.
+
+    With `concurrent_partitions` > 1, partitions run in threads, each with its own extractor
+    and embedder from `components()` (the LLM ones share one client, so one limiter bounds the
+    requests of all of them); that is what parallel partition runs do under Dagster."""
+    from concurrent.futures import ThreadPoolExecutor
+
     report = BuildReport(partitions=list(partitions))
-    for company, quarter in partitions:
-        for stage, result in run_partition(store, company, quarter, source, extractor, embedder).items():
+
+    def one(partition: tuple[str, date]) -> dict[str, StageResult]:
+        own_extractor, own_embedder = components() if components else (extractor, embedder)
+        return run_partition(store, partition[0], partition[1], source, own_extractor, own_embedder)
+
+    if concurrent_partitions > 1:
+        with ThreadPoolExecutor(max_workers=concurrent_partitions, thread_name_prefix="tkg-partition") as pool:
+            outcomes = list(pool.map(one, partitions))
+    else:
+        outcomes = [one(partition) for partition in partitions]
+    for results in outcomes:
+        for stage, result in results.items():
             report.counts[f"{stage}_rows"] += result.table.num_rows
     return finish_graph(store, judge, warehouse, report)
 

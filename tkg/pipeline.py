@@ -184,11 +184,13 @@ def build_events(
 # --- triplets and entities -------------------------------------------------------------------
 
 
-def extract_triplets(transcripts: pa.Table, events: pa.Table, extractor: Extractor) -> StageResult:
-    """Triplets (with their entities) for every event; dangling entity indices are dropped and counted."""
+def extract_triplets(transcripts: pa.Table, statements: pa.Table, extractor: Extractor) -> StageResult:
+    """Triplets (with their entities) for every statement (event ids are statement ids);
+    dangling entity indices are dropped and counted. Needs only the statements, so it runs
+    in parallel with the validity ranges."""
     by_transcript: dict[str, list[dict[str, Any]]] = {}
-    for record in events.select(["event_id", "transcript_id", "statement", "statement_type", "temporal_type", "quarter", "company", "created_at"]).to_pylist():
-        by_transcript.setdefault(record["transcript_id"], []).append(record)
+    for record in statements.select(["statement_id", "transcript_id", "statement", "statement_type", "temporal_type", "quarter", "company"]).to_pylist():
+        by_transcript.setdefault(record["transcript_id"], []).append({**record, "event_id": record["statement_id"]})
     result = StageResult(tables.TRIPLETS.empty_table())
     stats = extractor.stats("triplets")
     dropped_before = stats.dropped_total
@@ -196,6 +198,8 @@ def extract_triplets(transcripts: pa.Table, events: pa.Table, extractor: Extract
     for transcript_record in transcripts.to_pylist():
         _, context = context_for(transcript_record)
         rows = by_transcript.get(transcript_record["transcript_id"], [])
+        for row in rows:
+            row["created_at"] = context.publication_date
         extractions = extractor.extract_triplets([_raw_statement(row) for row in rows], context) if rows else []
         for row, extraction in zip(rows, extractions):
             extraction = drop_dangling_triplets(extraction, stats)

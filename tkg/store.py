@@ -30,6 +30,13 @@ class ParquetStore:
     def global_path(self, asset: str, table: str | None = None) -> Path:
         return self.parquet_root / asset / f"{table or asset}.parquet"
 
+    def usage_path(self, step: str, company: str | None = None, quarter: date | None = None) -> Path:
+        """Where one step's LLM accounting goes: per partition, or one file for a global step."""
+        folder = self.parquet_root / "llm_calls" / step
+        if company is not None and quarter is not None:
+            folder = folder / f"company={company}" / f"quarter={quarter.isoformat()}"
+        return folder / "llm_calls.parquet"
+
     def glob(self, asset: str) -> str:
         """The glob over every partition file of a partitioned asset."""
         return str(self.parquet_root / asset / "company=*" / "quarter=*" / f"{asset}.parquet")

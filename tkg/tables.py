@@ -85,6 +85,17 @@ INVALIDATION_JUDGMENTS = pa.schema([
 ])
 
 
+LLM_CALLS = pa.schema([
+    ("step", pa.string()), ("stage", pa.string()), ("company", pa.string()), ("quarter", pa.date32()),
+    ("backend", pa.string()), ("model", pa.string()), ("requests", pa.int64()), ("cache_hits", pa.int64()),
+    ("input_tokens", pa.int64()), ("cached_input_tokens", pa.int64()), ("output_tokens", pa.int64()),
+    ("retries", pa.int64()), ("rate_limited", pa.int64()), ("reasks", pa.int64()), ("dropped", pa.int64()),
+    ("dropped_by_reason", pa.string()), ("repaired_by_reason", pa.string()),
+    ("latency_p50_ms", pa.float64()), ("latency_p95_ms", pa.float64()), ("latency_p99_ms", pa.float64()),
+    ("estimated_cost_usd", pa.float64()), ("recorded_at", TIMESTAMP),
+])
+
+
 def to_table(records: Iterable[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """Rows (dicts) to an Arrow table with exactly `schema`'s columns, in order."""
     rows = list(records)

@@ -35,6 +35,7 @@ class RawTable:
     asset: str
     schema: pa.Schema
     file: str | None = None  # set for global assets (one file); partitioned assets glob
+    pattern: str | None = None  # a glob under the Parquet root, for tables written by several steps
 
 
 RAW_TABLES = (
@@ -48,6 +49,7 @@ RAW_TABLES = (
     RawTable("entity_resolution", "canonical_entities", tables.ENTITY_RESOLUTION, "entity_resolution"),
     RawTable("event_invalidations", "invalidated_events", tables.EVENT_INVALIDATIONS, "event_invalidations"),
     RawTable("invalidation_judgments", "invalidated_events", tables.INVALIDATION_JUDGMENTS, "invalidation_judgments"),
+    RawTable("llm_calls", "llm_calls", tables.LLM_CALLS, pattern="llm_calls/**/llm_calls.parquet"),
 )
 
 
@@ -112,7 +114,9 @@ def load_models(directory: Path | None = None) -> list[SqlModel]:
 
 
 def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable) -> int:
-    if raw.file:
+    if raw.pattern:
+        files = sorted(str(p) for p in store.parquet_root.glob(raw.pattern))
+    elif raw.file:
         path = store.global_path(raw.asset, raw.file)
         files = [str(path)] if path.exists() else []
     else:
@@ -124,7 +128,7 @@ def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: R
         connection.register("empty_source", empty)
         connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty_source")
         connection.unregister("empty_source")
-    return connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchone()[0]
+    return connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchall()[0][0]
 
 
 def register_raw(connection: duckdb.DuckDBPyConnection, raw_tables: dict[str, pa.Table]) -> None:

@@ -3,7 +3,7 @@
 
 import dagster as dg
 
-from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
+from resources.tkg import TkgStorage, TranscriptSource, extraction_backend_from_env
 from tkg_assets.assets.extraction import entities, statements, temporal_events, triplets
 from tkg_assets.assets.ingestion import chunks, transcripts
 from tkg_assets.assets.invalidation import invalidated_events
@@ -54,6 +54,6 @@ defs = dg.Definitions(
     resources={
         "storage": TkgStorage(),
         "source": TranscriptSource(),
-        "extraction": ExtractionBackend(),
+        "extraction": extraction_backend_from_env(),
     },
 )

@@ -76,17 +76,43 @@ class StageStats:
     requests: int = 0
     cache_hits: int = 0
     input_tokens: int = 0
+    cached_input_tokens: int = 0
     output_tokens: int = 0
     retries: int = 0
+    rate_limited: int = 0
+    reasks: int = 0
+    cost_usd: float = 0.0
     dropped: Counter = field(default_factory=Counter)
+    repaired: Counter = field(default_factory=Counter)
     latencies_ms: list[float] = field(default_factory=list)
 
     def drop(self, reason: str, count: int = 1) -> None:
+        """An item that could not be used: counted, logged by the caller, never silent."""
         self.dropped[reason] += count
+
+    def repair(self, reason: str, count: int = 1) -> None:
+        """An item fixed deterministically and kept."""
+        self.repaired[reason] += count
 
     @property
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
+
+    def latency_percentile(self, q: float) -> float | None:
+        if not self.latencies_ms:
+            return None
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "requests": self.requests, "cache_hits": self.cache_hits, "input_tokens": self.input_tokens,
+            "cached_input_tokens": self.cached_input_tokens, "output_tokens": self.output_tokens,
+            "retries": self.retries, "rate_limited": self.rate_limited, "reasks": self.reasks,
+            "dropped": self.dropped_total, "dropped_by_reason": dict(self.dropped), "repaired_by_reason": dict(self.repaired),
+            "latency_p50_ms": self.latency_percentile(50), "latency_p95_ms": self.latency_percentile(95),
+            "latency_p99_ms": self.latency_percentile(99), "estimated_cost_usd": round(self.cost_usd, 6),
+        }
 
 
 class Extractor(Protocol):

@@ -963,8 +963,11 @@ class OpenAICompatibleServer:
 
         async def produce(fault: Fault | None, settings: ProviderSettings) -> Response:
             data = []
+            # A responder may embed for real (e.g. with a local model), so similarity means something.
+            embed = getattr(self._responder, "embed", None)
+            vectors = embed([text for text, _ in inputs], dimensions) if embed else None
             for index, (text, _) in enumerate(inputs):
-                vector = embedding_vector(text, dimensions)
+                vector = vectors[index] if vectors is not None else embedding_vector(text, dimensions)
                 # The SDK asks for base64 unless the caller picks a format: little-endian float32 bytes.
                 embedding: Any = (base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
                                   if encoding == "base64" else vector.tolist())
@@ -1092,9 +1095,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-prompt-caching", action="store_true")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--responder", default=None,
+                        help="module:callable making the responder, e.g. tkg.testing.responders:PipelineResponder")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
+    responder = None
+    if args.responder:
+        import importlib
+
+        module, _, attribute = args.responder.partition(":")
+        responder = getattr(importlib.import_module(module), attribute)()
     OpenAICompatibleServer(
+        responder,
         host=args.host,
         port=args.port,
         latency_s=args.latency,

@@ -58,10 +58,11 @@ def temporal_events(context: dg.AssetExecutionContext, storage: TkgStorage, extr
     ))
 
 
-@_extraction_asset(deps=[temporal_events], code_version=ExtractionBackend.code_version_for("triplets"))
+@_extraction_asset(deps=[transcripts, statements], code_version=ExtractionBackend.code_version_for("triplets"))
 def triplets(context: dg.AssetExecutionContext, storage: TkgStorage, extraction: ExtractionBackend) -> dg.MaterializeResult:
     """Subject-predicate-object triplets over the 20-predicate vocabulary, with their entities,
-    for every event. A triplet pointing at no extracted entity is dropped and counted."""
+    for every statement (its event). A triplet pointing at no extracted entity is dropped and
+    counted. It needs only the statements, so it runs in parallel with temporal_events."""
     company, quarter = partition_of(context)
     extractor = extraction.extractor()
     result = run_triplets(storage.store, company, quarter, extractor)

@@ -47,5 +47,5 @@ def chunks(context: dg.AssetExecutionContext, storage: TkgStorage, extraction: E
     plus one chunk for the participants list. Each chunk keeps its speaker and its character
     offsets into the transcript."""
     company, quarter = partition_of(context)
-    result = run_chunks(storage.store, company, quarter, extraction.embedder())
+    result = run_chunks(storage.store, company, quarter, extraction.chunk_embedder())
     return dg.MaterializeResult(metadata=table_metadata(result.table, result.path, result.counts))

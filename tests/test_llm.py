@@ -1,0 +1,292 @@
+"""The LLM path over real HTTP: the real openai SDK against a local OpenAI-compatible server.
+
+The server answers with scripted structured outputs (what the offline rules produce) and
+injects faults on demand; everything between tkg and the socket is the code under test.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from datetime import date
+
+import dagster as dg
+import duckdb
+import numpy as np
+import pytest
+
+from tkg.chunking import chunk_transcript
+from tkg.companies import get_company
+from tkg.embeddings import WordLlamaEmbedder
+from tkg.extraction.base import DocumentContext
+from tkg.extraction.offline import OfflineExtractor
+from tkg.invalidation import EventView, JudgeCase, TripletView
+from tkg.llm.cache import ResponseCache
+from tkg.llm.client import LLMClient
+from tkg.llm.extractor import LLMExtractor, LLMJudge, OpenAIEmbedder, stage_fingerprint
+from tkg.llm.settings import LLMSettings
+from tkg.models import RawStatement
+from tkg.parsing import parse_transcript
+from tkg.sources import load_source
+from tkg.testing.openai_server import OpenAICompatibleServer
+from tkg.testing.responders import PipelineResponder
+
+API_KEY = "sk-test-0123456789-do-not-leak"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with OpenAICompatibleServer(PipelineResponder(), latency_s=0.0, max_in_flight=64, retry_after_s=0.3,
+                                fault_timeout_s=3.0) as running:
+        yield running
+
+
+@pytest.fixture
+def fresh(server):
+    server.reset_stats()
+    server.clear_faults()
+    server.configure(p_429=0.0, p_500=0.0, latency_s=0.0)
+    server.set_responder(PipelineResponder())
+    return server
+
+
+def settings_for(server, **changes) -> LLMSettings:
+    return replace(LLMSettings(base_url=server.base_url, batch_size=4, max_in_flight=8, max_attempts=4, timeout_s=5.0), **changes)
+
+
+@pytest.fixture
+def make(fresh, tmp_path):
+    clients = []
+
+    def build(**changes):
+        client = LLMClient(settings_for(fresh, **changes), API_KEY)
+        clients.append(client)
+        cache = ResponseCache(tmp_path / f"cache{len(clients)}.sqlite")
+        return LLMExtractor(client, cache), LLMJudge(client, cache), OpenAIEmbedder(client, cache)
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def sample_call():
+    row = next(r for r in load_source("sample").rows if r.company == "HLIO" and r.call_date == date(2024, 8, 6))
+    transcript = parse_transcript(row, get_company("HLIO"))
+    context = DocumentContext.for_transcript(transcript, get_company("HLIO"))
+    chunks = chunk_transcript(transcript, WordLlamaEmbedder())
+    # chunks that yield statements first, so chunks[1:2] etc. always ask for something real
+    said = OfflineExtractor().extract_statements(chunks, context)
+    return context, [c for c, s in zip(chunks, said) if s] + [c for c, s in zip(chunks, said) if not s]
+
+
+def test_each_stage_returns_what_the_model_said(make, fresh, sample_call):
+    context, chunks = sample_call
+    extractor, judge, embedder = make()
+    offline = OfflineExtractor()
+
+    statements = extractor.extract_statements(chunks, context)
+    assert statements == offline.extract_statements(chunks, context)
+    flat = [s for per_chunk in statements for s in per_chunk]
+    assert len(flat) > 15
+    assert fresh.stats().requests["responses"] == len(chunks)  # one request per chunk
+
+    dated = [s for s in flat if s.temporal_type != "ATEMPORAL"]
+    assert extractor.extract_validity(dated, context) == offline.extract_validity(dated, context)
+    assert extractor.extract_triplets(flat, context) == offline.extract_triplets(flat, context)
+    # batches of 4 statements per request
+    requests = fresh.stats().requests["responses"]
+    assert requests == len(chunks) + -(-len(dated) // 4) + -(-len(flat) // 4)
+
+    vectors = embedder.embed([s.statement for s in flat])
+    assert vectors.shape == (len(flat), 256) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    assert fresh.stats().requests["embeddings"] == 1  # all statements in one request
+
+    old = EventView("a", "Dana Whitfield is CFO of Helio Robotics, Inc.", "FACT", "DYNAMIC", context.publication_date, None,
+                    context.publication_date, (TripletView("Dana Whitfield", "p1", "HOLDS_ROLE", "CFO of Helio Robotics, Inc.", "o", "CFO"),))
+    later = lambda person, office, event_id: EventView(event_id, f"{person} is {office}.", "FACT", "DYNAMIC",
+                                                       context.publication_date.replace(year=2025), None, context.publication_date,
+                                                       (TripletView(person, person, "HOLDS_ROLE", office, office, "CFO"),))
+    case = JudgeCase(old, (later("Marcus J. Ortega", "CFO of Helio Robotics, Inc.", "b"), later("Dana Whitfield", "EVP of Helio Robotics, Inc.", "c")))
+    verdicts = judge.judge([case])[0]
+    assert [v.invalidates for v in verdicts] == [True, False] and all(v.reason for v in verdicts)
+    assert fresh.stats().requests["responses"] == requests + 1  # one request for the event and all its candidates
+
+
+def test_chat_completions_fallback(make, fresh, sample_call):
+    context, chunks = sample_call
+    extractor, _, _ = make(api_mode="chat")
+    assert extractor.extract_statements(chunks[:3], context) == OfflineExtractor().extract_statements(chunks[:3], context)
+    assert fresh.stats().requests.get("chat.completions") == 3 and not fresh.stats().requests.get("responses")
+
+
+def test_429_honours_retry_after(make, fresh, sample_call):
+    context, chunks = sample_call
+    extractor, _, _ = make()
+    fresh.queue_faults("429")
+    started = time.perf_counter()
+    assert extractor.extract_statements(chunks[1:2], context)[0]
+    stats = extractor.stats("statements")
+    assert (stats.rate_limited, stats.retries, stats.requests) == (1, 1, 2)
+    assert time.perf_counter() - started >= 0.3  # the server's Retry-After
+
+
+def test_500s_and_timeouts_are_retried(make, fresh, sample_call):
+    context, chunks = sample_call
+    extractor, _, _ = make(timeout_s=1.0)
+    fresh.queue_faults("500", "timeout", "500")
+    assert extractor.extract_statements(chunks[1:2], context)[0]
+    stats = extractor.stats("statements")
+    assert stats.retries == 3 and stats.requests == 4 and stats.dropped_total == 0
+
+
+def test_bad_output_is_reasked_once_then_dropped_and_counted(make, fresh, sample_call):
+    context, chunks = sample_call
+    extractor, _, _ = make()
+    fresh.queue_faults("garbage")
+    assert extractor.extract_statements(chunks[1:2], context)[0]
+    assert extractor.stats("statements").reasks == 1
+    fresh.queue_faults("schema_violation", "garbage")
+    assert extractor.extract_statements(chunks[2:3], context) == [[]]
+    stats = extractor.stats("statements")
+    assert stats.reasks == 2 and stats.dropped["chunk_without_usable_answer"] == 1
+
+
+def test_near_misses_are_repaired_or_dropped_and_counted(make, fresh, sample_call):
+    context, _ = sample_call
+    extractor, _, _ = make(batch_size=3)
+
+    def responder(request):
+        if request.schema_name == "ValidityOut":  # an end before the start, an unparseable date, one left out
+            if request.input_text.rsplit("Statements:", 1)[-1].count("- [") < 3:
+                return {"items": []}  # the statement left out is asked once more, alone; still nothing
+            return {"items": [{"index": 0, "valid_at": "2024-08-06T00:00:00Z", "invalid_at": "2020-01-01T00:00:00Z"},
+                              {"index": 1, "valid_at": "sometime soon", "invalid_at": None}]}  # index 2 missing
+        return {"items": [{"index": 0, "entities": [{"entity_idx": 0, "name": "Helio", "type": "company", "description": ""},
+                                                     {"entity_idx": 1, "name": "Atlas Lift", "type": "Product", "description": ""}],
+                           "triplets": [{"subject_name": "Helio", "subject_id": 0, "predicate": "launch ed", "object_name": "Atlas Lift",
+                                         "object_id": 1, "value": None},
+                                        {"subject_name": "Helio", "subject_id": 0, "predicate": "MERGED_WITH", "object_name": "x",
+                                         "object_id": 1, "value": None},
+                                        {"subject_name": "Helio", "subject_id": 0, "predicate": "SELLS", "object_name": "y",
+                                         "object_id": 7, "value": None}]}]}
+
+    fresh.set_responder(responder)
+    statements = [RawStatement(statement=f"Helio launched product {n}.", statement_type="FACT", temporal_type="DYNAMIC")
+                  for n in range(3)]
+    ranges = extractor.extract_validity(statements, context)
+    assert ranges[0].invalid_at is None and ranges[1].valid_at is None and ranges[2] is None
+    validity = extractor.stats("validity")
+    assert validity.repaired == {"invalid_at_before_valid_at_dropped": 1, "valid_at_unparseable_set_null": 1}
+    assert validity.dropped["validity_statement_without_answer"] == 1 and validity.requests == 2
+    extraction = extractor.extract_triplets(statements[:1], context)[0]
+    assert [t.predicate.value for t in extraction.triplets] == ["LAUNCHED", "SELLS"]
+    triplets = extractor.stats("triplets")
+    assert triplets.repaired["predicate_mapped_to_vocabulary"] == 1 and triplets.dropped["triplet_unknown_predicate"] == 1
+    from tkg.extraction.base import drop_dangling_triplets
+
+    assert len(drop_dangling_triplets(extraction, triplets).triplets) == 1  # entity 7 does not exist
+    assert triplets.dropped["triplet_entity_index_out_of_range"] == 1
+
+
+def test_cache_is_shared_across_processes(fresh, tmp_path):
+    """Two processes extract the same chunks: the second makes no request."""
+    script = f"""
+import sys
+from dataclasses import replace
+from datetime import date
+from tkg.chunking import chunk_transcript
+from tkg.companies import get_company
+from tkg.embeddings import WordLlamaEmbedder
+from tkg.extraction.base import DocumentContext
+from tkg.llm.cache import ResponseCache
+from tkg.llm.client import LLMClient
+from tkg.llm.extractor import LLMExtractor
+from tkg.llm.settings import LLMSettings
+from tkg.models import RawStatement
+from tkg.parsing import parse_transcript
+from tkg.sources import load_source
+row = next(r for r in load_source("sample").rows if r.company == "QNTX")
+transcript = parse_transcript(row, get_company("QNTX"))
+chunks = chunk_transcript(transcript, WordLlamaEmbedder())
+extractor = LLMExtractor(LLMClient(LLMSettings(base_url={fresh.base_url!r}), "k"), ResponseCache({str(tmp_path / "shared.sqlite")!r}))
+statements = extractor.extract_statements(chunks, DocumentContext.for_transcript(transcript, get_company("QNTX")))
+stats = extractor.stats("statements")
+print(stats.requests, stats.cache_hits, sum(map(len, statements)))
+"""
+    first = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    requests_1, hits_1, found_1 = map(int, first.stdout.split())
+    requests_2, hits_2, found_2 = map(int, second.stdout.split())
+    assert requests_1 > 0 and hits_1 == 0
+    assert requests_2 == 0 and hits_2 == requests_1 and found_2 == found_1
+
+
+def test_token_and_cost_accounting_match_the_provider(make, fresh, sample_call):
+    context, chunks = sample_call
+    extractor, _, embedder = make()
+    extractor.extract_statements(chunks, context)
+    stats, served = extractor.stats("statements"), fresh.stats()
+    assert stats.input_tokens == served.input_tokens > 0
+    assert stats.output_tokens == served.output_tokens > 0
+    assert stats.cached_input_tokens == served.cached_tokens
+    price = LLMSettings().prices["gpt-4.1-mini"]
+    expected = ((stats.input_tokens - stats.cached_input_tokens) * price[0] + stats.cached_input_tokens * price[1]
+                + stats.output_tokens * price[2]) / 1e6
+    assert stats.cost_usd == pytest.approx(expected)
+    assert LLMSettings(service_tier="flex").cost_usd("gpt-4.1-mini", 1000, 0, 1000) == pytest.approx(
+        (1000 * price[0] + 1000 * price[2]) / 1e6 / 2)
+    summary = stats.summary()
+    assert summary["latency_p50_ms"] is not None and summary["requests"] == len(chunks)
+
+
+def test_code_version_follows_prompt_and_model():
+    base = LLMSettings()
+    assert stage_fingerprint(base, "statements") != stage_fingerprint(replace(base, models={**base.models, "statements": "gpt-4.1"}), "statements")
+    assert stage_fingerprint(base, "statements") != stage_fingerprint(base, "triplets")
+    assert stage_fingerprint(base, "validity") == stage_fingerprint(replace(base, batch_size=1), "validity")
+
+
+def test_a_partition_through_dagster_and_a_warm_rerun(fresh, tmp_path, monkeypatch, caplog):
+    from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
+    from tkg_assets.definitions import GLOBAL_ASSETS, PARTITIONED_ASSETS
+    from tkg_assets.partitions import partition_key
+
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    home = tmp_path / "home"
+    resources = {
+        "storage": TkgStorage(home=str(home)),
+        "source": TranscriptSource(source="sample"),
+        "extraction": ExtractionBackend(backend="openai", embeddings="openai", api_key=dg.EnvVar("OPENAI_API_KEY"),
+                                        base_url=fresh.base_url, home=str(home)),
+    }
+    key = partition_key("QNTX", date(2024, 10, 1))
+    (tmp_path / "instance").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "instance")) as instance:
+        assert dg.materialize(PARTITIONED_ASSETS, partition_key=key, resources=resources, instance=instance).success
+        assert dg.materialize(GLOBAL_ASSETS, resources=resources, instance=instance).success
+        cold = fresh.stats().total_requests
+        assert cold > 0 and fresh.stats().requests["embeddings"] >= 1
+        fresh.reset_stats()
+        assert dg.materialize(PARTITIONED_ASSETS, partition_key=key, resources=resources, instance=instance).success
+        assert dg.materialize(GLOBAL_ASSETS, resources=resources, instance=instance).success
+        assert fresh.stats().total_requests == 0  # a warm cache pays for nothing
+        records = [str(record) for record in instance.all_logs(instance.get_runs()[0].run_id)]
+        metadata = [str(m.metadata) for run in instance.get_runs() for m in
+                    [e.asset_materialization for e in instance.all_logs(run.run_id) if e.asset_materialization]]
+
+    with duckdb.connect(str(home / "tkg.duckdb"), read_only=True) as connection:
+        stages = dict(connection.execute("SELECT stage, sum(requests) FROM llm_calls GROUP BY ALL").fetchall())
+        assert {"statements", "validity", "triplets", "embeddings"} <= set(stages) and stages["statements"] == 0  # the warm rerun wrote 0
+        assert connection.execute("SELECT count(*) FROM facts WHERE predicate = 'HOLDS_ROLE'").fetchone()[0] > 5
+        dumped = connection.execute("SELECT * FROM llm_calls").fetchall() + connection.execute("SELECT * FROM facts").fetchall()
+
+    # The key appears nowhere: logs, Dagster events, metadata, the warehouse, the cache, the Parquet files.
+    haystacks = [caplog.text, *records, *metadata, repr(dumped)]
+    haystacks += [p.read_bytes().decode("latin-1") for p in home.rglob("*") if p.is_file()]
+    assert not any(API_KEY in text for text in haystacks)

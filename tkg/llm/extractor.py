@@ -1,0 +1,352 @@
+"""The LLM implementations of the extraction interfaces: `LLMExtractor`, `LLMJudge` and
+`OpenAIEmbedder`, all through one `LLMClient` and one `ResponseCache`.
+
+Request economy:
+- statements: one request per chunk, all chunks of a partition in flight together;
+- validity ranges and triplets: `batch_size` statements per request (1 = one per statement,
+  as in the original design); cached per statement, so only uncached statements are sent;
+- embeddings: one request per `embedding_batch_size` texts, cached per text;
+- the judge: one request per primary event covering all its uncached candidates (1:N).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tkg.embeddings import normalise_rows
+from tkg.extraction.base import DocumentContext, StageStats
+from tkg.invalidation import EventView, JudgeCase, Verdict
+from tkg.llm.cache import ResponseCache, cache_key, normalise
+from tkg.llm.client import LLMClient, RequestFailed
+from tkg.llm.settings import LLMSettings
+from tkg.llm.wire import (
+    InvalidOutput,
+    JudgeOut,
+    StatementsOut,
+    TripletsOut,
+    ValidityOut,
+    parse_statements,
+    parse_triplets,
+    parse_validity,
+    parse_verdicts,
+)
+from tkg.models import (
+    LABEL_DEFINITIONS,
+    PREDICATE_DEFINITIONS,
+    Chunk,
+    EntityType,
+    RawExtraction,
+    RawStatement,
+    TemporalValidityRange,
+)
+from tkg.prompts import render, template_sha256
+
+log = logging.getLogger(__name__)
+
+TEMPLATES = {
+    "statements": "statement_extraction.j2",
+    "validity": "validity_extraction.j2",
+    "triplets": "triplet_extraction.j2",
+    "judge": "invalidation_judge.j2",
+    "planner": "retrieval_planner.j2",
+}
+
+
+def stage_fingerprint(settings: LLMSettings, stage: str) -> str:
+    """Hash of the prompt template, model and settings: the code version of an LLM stage."""
+    template = template_sha256(TEMPLATES[stage]) if stage in TEMPLATES else ""
+    return hashlib.sha256(f"{stage}:{template}:{settings.fingerprint(stage)}".encode()).hexdigest()[:16]
+
+
+_CLIENTS: dict[str, LLMClient] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def shared_client(settings: LLMSettings, api_key: str | None) -> LLMClient:
+    """One client (and loop, and limiter) per process and configuration."""
+    identity = json.dumps(settings.describe(), sort_keys=True, default=str) + hashlib.sha256((api_key or "").encode()).hexdigest()
+    with _CLIENTS_LOCK:
+        if identity not in _CLIENTS:
+            _CLIENTS[identity] = LLMClient(settings, api_key)
+        return _CLIENTS[identity]
+
+
+class _Stages:
+    """Per-stage counters, and their rows for the llm_calls table."""
+
+    settings: LLMSettings
+
+    def __init__(self) -> None:
+        self._stats: dict[str, StageStats] = {}
+
+    def stats(self, stage: str) -> StageStats:
+        return self._stats.setdefault(stage, StageStats())
+
+    def usage_rows(self, step: str) -> list[dict]:
+        rows = []
+        for stage, stats in sorted(self._stats.items()):
+            if not (stats.requests or stats.cache_hits or stats.dropped_total):
+                continue
+            summary = stats.summary()
+            rows.append({
+                "step": step, "stage": stage, "backend": "openai",
+                "model": self.settings.embedding_model if stage == "embeddings" else self.settings.model(stage),
+                **{k: v for k, v in summary.items() if k not in {"dropped_by_reason", "repaired_by_reason"}},
+                "dropped_by_reason": json.dumps(summary["dropped_by_reason"], sort_keys=True),
+                "repaired_by_reason": json.dumps(summary["repaired_by_reason"], sort_keys=True),
+            })
+        return rows
+
+
+def _batches(items: list, size: int) -> list[list]:
+    size = max(1, size)
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+class LLMExtractor(_Stages):
+    """`Extractor` over an OpenAI-compatible API."""
+
+    name = "openai"
+
+    def __init__(self, client: LLMClient, cache: ResponseCache) -> None:
+        super().__init__()
+        self.client, self.cache, self.settings = client, cache, client.settings
+
+    def settings_fingerprint(self, stage: str) -> str:
+        return stage_fingerprint(self.settings, stage)
+
+    def _key(self, stage: str, text: str) -> str:
+        return cache_key(stage, self.settings.model(stage), template_sha256(TEMPLATES[stage]),
+                         self.settings.fingerprint(stage), normalise(text))
+
+    # -- statements ---------------------------------------------------------------------------
+
+    def extract_statements(self, chunks: Sequence[Chunk], context: DocumentContext) -> list[list[RawStatement]]:
+        async def run() -> list[list[RawStatement]]:
+            return list(await asyncio.gather(*(self._statements_for(chunk, context) for chunk in chunks)))
+        return self.client.run(run())
+
+    async def _statements_for(self, chunk: Chunk, context: DocumentContext) -> list[RawStatement]:
+        stats = self.stats("statements")
+        prompt = render(
+            TEMPLATES["statements"], label_definitions=LABEL_DEFINITIONS, main_entity=context.main_entity,
+            ticker=context.ticker, document_type=context.document_type,
+            publication_date=context.publication_date.date().isoformat(), quarter_explanation=context.quarter_explanation(),
+            fiscal_quarter=context.fiscal_quarter or "unknown", speaker=chunk.speaker, speaker_title=chunk.speaker_title,
+            chunk_text=chunk.text,
+        )
+        key = self._key("statements", prompt.input)
+        if (cached := self.cache.get(key)) is not None:
+            stats.cache_hits += 1
+            return [RawStatement.model_validate(item) for item in cached]
+        try:
+            statements = await self.client.structured("statements", prompt, StatementsOut,
+                                                      lambda text: parse_statements(text, stats), stats)
+        except (InvalidOutput, RequestFailed) as error:
+            stats.drop("chunk_without_usable_answer")
+            log.warning("statements: chunk %s of %s dropped: %s", chunk.chunk_id, chunk.transcript_id, error)
+            return []
+        self.cache.put(key, "statements", self.settings.model("statements"), [s.model_dump(mode="json") for s in statements])
+        return statements
+
+    # -- validity ranges and triplets: batched, cached per statement ----------------------------
+
+    def _validity_text(self, statement: RawStatement, context: DocumentContext) -> str:
+        return "|".join((statement.statement, statement.statement_type.value, statement.temporal_type.value, context.ticker,
+                         context.publication_date.isoformat(), context.fiscal_quarter or "", context.quarter_explanation()))
+
+    def extract_validity(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[TemporalValidityRange | None]:
+        keys = [self._key("validity", self._validity_text(s, context)) for s in statements]
+
+        async def batch(indices: list[int]) -> dict[int, TemporalValidityRange]:
+            items = [{"index": local, "statement": statements[i].statement, "statement_type": statements[i].statement_type.value,
+                      "temporal_type": statements[i].temporal_type.value} for local, i in enumerate(indices)]
+            prompt = render(TEMPLATES["validity"], main_entity=context.main_entity, ticker=context.ticker,
+                            publication_date=context.publication_date.isoformat(), fiscal_quarter=context.fiscal_quarter or "unknown",
+                            quarter_explanation=context.quarter_explanation(), statements=items)
+            stats = self.stats("validity")
+            parsed = await self.client.structured("validity", prompt, ValidityOut,
+                                                  lambda text: parse_validity(text, list(range(len(indices))), stats), stats)
+            return {indices[local]: found for local, found in parsed.items()}
+
+        results = self._batched("validity", keys, batch, TemporalValidityRange)
+        return [results.get(i) for i in range(len(statements))]
+
+    def extract_triplets(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[RawExtraction]:
+        keys = [self._key("triplets", f"{s.statement}|{s.statement_type.value}|{s.temporal_type.value}|{context.main_entity}|"
+                                      f"{context.ticker}|{context.publication_date.date()}|{context.fiscal_quarter}|"
+                                      f"{context.fiscal_year_end_month}") for s in statements]
+
+        async def batch(indices: list[int]) -> dict[int, RawExtraction]:
+            items = [{"index": local, "statement": statements[i].statement, "statement_type": statements[i].statement_type.value,
+                      "temporal_type": statements[i].temporal_type.value} for local, i in enumerate(indices)]
+            prompt = render(TEMPLATES["triplets"], predicate_definitions={p.value: d for p, d in PREDICATE_DEFINITIONS.items()},
+                            entity_types=[t.value for t in EntityType], main_entity=context.main_entity,
+                            ticker=context.ticker, publication_date=context.publication_date.date().isoformat(),
+                            fiscal_quarter=context.fiscal_quarter or "unknown",
+                            quarter_explanation=context.quarter_explanation(), statements=items)
+            stats = self.stats("triplets")
+            parsed = await self.client.structured("triplets", prompt, TripletsOut,
+                                                  lambda text: parse_triplets(text, list(range(len(indices))), stats), stats)
+            return {indices[local]: found for local, found in parsed.items()}
+
+        results = self._batched("triplets", keys, batch, RawExtraction)
+        return [results.get(i) or RawExtraction() for i in range(len(statements))]
+
+    def _batched(self, stage: str, keys: list[str], batch, model_type) -> dict:
+        """Cache lookups per statement, then the misses in batches of `batch_size`, all in
+        flight together; statements a batch left out are asked once more, alone."""
+        stats = self.stats(stage)
+        results: dict[int, object] = {}
+        misses = []
+        for index, key in enumerate(keys):
+            cached = self.cache.get(key)
+            if cached is not None:
+                stats.cache_hits += 1
+                results[index] = model_type.model_validate(cached)
+            else:
+                misses.append(index)
+
+        async def safe(indices: list[int]) -> dict:
+            try:
+                return await batch(indices)
+            except (InvalidOutput, RequestFailed) as error:
+                log.warning("%s: %d statement(s) without a usable answer: %s", stage, len(indices), error)
+                return {}
+
+        async def run() -> None:
+            found = await asyncio.gather(*(safe(group) for group in _batches(misses, self.settings.batch_size)))
+            for answered in found:
+                results.update(answered)
+            missing = [i for i in misses if i not in results]
+            if missing and self.settings.batch_size > 1:
+                for answered in await asyncio.gather(*(safe([i]) for i in missing)):
+                    results.update(answered)
+
+        if misses:
+            self.client.run(run())
+        for index in misses:
+            if index in results:
+                self.cache.put(keys[index], stage, self.settings.model(stage), results[index].model_dump(mode="json"))
+            else:
+                stats.drop(f"{stage}_statement_without_answer")
+        return results
+
+
+class OpenAIEmbedder(_Stages):
+    """`Embedder` over the embeddings API, cached per text, batched per request."""
+
+    def __init__(self, client: LLMClient, cache: ResponseCache) -> None:
+        super().__init__()
+        self.client, self.cache, self.settings = client, cache, client.settings
+        self.dimension = self.settings.embedding_dimensions
+        self.name = f"{self.settings.embedding_model}-{self.dimension}"
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        stats = self.stats("embeddings")
+        keys = [cache_key("embeddings", self.settings.embedding_model, "", self.settings.fingerprint("embeddings"), normalise(t))
+                for t in texts]
+        vectors: dict[int, list[float]] = {}
+        for index, key in enumerate(keys):
+            if (cached := self.cache.get(key)) is not None:
+                stats.cache_hits += 1
+                vectors[index] = cached
+        misses = [i for i in range(len(texts)) if i not in vectors]
+
+        async def run() -> list[np.ndarray]:
+            groups = _batches(misses, self.settings.embedding_batch_size)
+            return list(await asyncio.gather(*(self.client.embed([texts[i] for i in group], stats) for group in groups)))
+
+        if misses:
+            groups = _batches(misses, self.settings.embedding_batch_size)
+            for group, matrix in zip(groups, self.client.run(run())):
+                for index, vector in zip(group, matrix):
+                    vectors[index] = vector.tolist()
+                    self.cache.put(keys[index], "embeddings", self.settings.embedding_model, vectors[index])
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return normalise_rows(np.asarray([vectors[i] for i in range(len(texts))], dtype=np.float32))
+
+
+class LLMJudge(_Stages):
+    """`Judge` over an OpenAI-compatible API: one request per primary event for all its
+    uncached candidates, each verdict with a reason, cached per (primary, candidate) pair."""
+
+    def __init__(self, client: LLMClient, cache: ResponseCache) -> None:
+        super().__init__()
+        self.client, self.cache, self.settings = client, cache, client.settings
+        self.name = f"llm:{self.settings.model('judge')}"
+
+    @staticmethod
+    def _view(event: EventView, index: int | None = None) -> dict:
+        return {"index": index, "statement": event.statement, "statement_type": event.statement_type,
+                "temporal_type": event.temporal_type,
+                "valid_at": event.valid_at.isoformat() if event.valid_at else None,
+                "invalid_at": event.invalid_at.isoformat() if event.invalid_at else None,
+                "triplets": [t.__dict__ for t in event.triplets]}
+
+    def _pair_key(self, primary: EventView, candidate: EventView) -> str:
+        text = repr((self._view(primary), self._view(candidate)))
+        return cache_key("judge", self.settings.model("judge"), template_sha256(TEMPLATES["judge"]), self.settings.fingerprint("judge"), text)
+
+    def judge(self, cases: Sequence[JudgeCase]) -> list[list[Verdict]]:
+        stats = self.stats("judge")
+        answers: list[list[Verdict | None]] = [[None] * len(case.candidates) for case in cases]
+        pending: list[tuple[int, list[int]]] = []
+        for case_index, case in enumerate(cases):
+            missing = []
+            for candidate_index, candidate in enumerate(case.candidates):
+                cached = self.cache.get(self._pair_key(case.primary, candidate))
+                if cached is not None:
+                    stats.cache_hits += 1
+                    answers[case_index][candidate_index] = Verdict(bool(cached["invalidates"]), cached["reason"])
+                else:
+                    missing.append(candidate_index)
+            if missing:
+                pending.append((case_index, missing))
+
+        async def ask(case_index: int, candidate_indices: list[int]) -> None:
+            case = cases[case_index]
+            prompt = render(TEMPLATES["judge"], primary=self._view(case.primary),
+                            candidates=[self._view(case.candidates[c], local) for local, c in enumerate(candidate_indices)])
+            try:
+                verdicts = await self.client.structured("judge", prompt, JudgeOut,
+                                                        lambda text: parse_verdicts(text, len(candidate_indices), stats), stats)
+            except (InvalidOutput, RequestFailed) as error:
+                log.warning("judge: event %s: no usable verdicts: %s", case.primary.event_id, error)
+                verdicts = {}
+            for local, candidate_index in enumerate(candidate_indices):
+                if local not in verdicts:
+                    continue
+                invalidates, reason = verdicts[local]
+                answers[case_index][candidate_index] = Verdict(invalidates, reason)
+                self.cache.put(self._pair_key(case.primary, case.candidates[candidate_index]), "judge",
+                               self.settings.model("judge"), {"invalidates": invalidates, "reason": reason})
+
+        async def run() -> None:
+            await asyncio.gather(*(ask(case_index, indices) for case_index, indices in pending))
+
+        if pending:
+            self.client.run(run())
+        result = []
+        for case_answers in answers:
+            row = []
+            for verdict in case_answers:
+                if verdict is None:
+                    stats.drop("pair_without_verdict")
+                    verdict = Verdict(False, "no verdict from the judge; left valid (counted as dropped)")
+                row.append(verdict)
+            result.append(row)
+        return result
+
+
+def open_cache(home: str | Path) -> ResponseCache:
+    return ResponseCache(Path(home) / "cache" / "llm_responses.sqlite")

@@ -1,0 +1,204 @@
+"""What the LLM is asked to return (strict JSON schemas), and lenient parsing with repair.
+
+The schemas constrain providers that honour structured outputs. Servers that do not (or a
+model having a bad day) can still return near-misses; `parse_*` repairs what can be repaired
+deterministically (label case, a misspelt predicate, an unparseable date, an end before the
+start), counts every repair and drop in `StageStats`, and raises `InvalidOutput` with a
+message fit to send back to the model when nothing usable remains.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from rapidfuzz import fuzz, process
+
+from tkg.extraction.base import StageStats
+from tkg.models import (
+    EntityType,
+    Predicate,
+    RawEntity,
+    RawExtraction,
+    RawStatement,
+    RawTriplet,
+    StatementType,
+    TemporalType,
+    TemporalValidityRange,
+    parse_datetime_utc,
+)
+
+
+class InvalidOutput(ValueError):
+    """The response cannot be used; the message says why, for a re-ask."""
+
+
+class WireStatement(BaseModel):
+    statement: str
+    statement_type: StatementType
+    temporal_type: TemporalType
+
+
+class StatementsOut(BaseModel):
+    statements: list[WireStatement]
+
+
+class WireValidity(BaseModel):
+    index: int
+    valid_at: str | None
+    invalid_at: str | None
+
+
+class ValidityOut(BaseModel):
+    items: list[WireValidity]
+
+
+class WireEntity(BaseModel):
+    entity_idx: int
+    name: str
+    type: EntityType
+    description: str
+
+
+class WireTriplet(BaseModel):
+    subject_name: str
+    subject_id: int
+    predicate: Predicate
+    object_name: str
+    object_id: int | None
+    value: str | None
+
+
+class WireExtraction(BaseModel):
+    index: int
+    entities: list[WireEntity]
+    triplets: list[WireTriplet]
+
+
+class TripletsOut(BaseModel):
+    items: list[WireExtraction]
+
+
+class WireVerdict(BaseModel):
+    candidate_index: int
+    reason: str
+    invalidates: bool
+
+
+class JudgeOut(BaseModel):
+    verdicts: list[WireVerdict]
+
+
+class PlanOut(BaseModel):
+    research_tasks: list[str]
+
+
+def _load(text: str, key: str) -> list[Any]:
+    """The list under `key` of a JSON object; tolerates a code fence around it."""
+    stripped = re.sub(r"^\s*```(?:json)?\s*|\s*```\s*$", "", text or "")
+    try:
+        document = json.loads(stripped)
+    except json.JSONDecodeError as error:
+        raise InvalidOutput(f"the answer is not valid JSON ({error.msg} at position {error.pos})") from None
+    if not isinstance(document, dict) or not isinstance(document.get(key), list):
+        raise InvalidOutput(f'the answer must be a JSON object with a list under "{key}"')
+    return document[key]
+
+
+def parse_statements(text: str, stats: StageStats) -> list[RawStatement]:
+    statements = []
+    for item in _load(text, "statements"):
+        try:
+            statement = RawStatement.model_validate(item)
+        except ValidationError:
+            stats.drop("statement_invalid")
+            continue
+        if statement.statement.strip():
+            statements.append(statement)
+    return statements
+
+
+def parse_validity(text: str, expected: list[int], stats: StageStats) -> dict[int, TemporalValidityRange]:
+    """Ranges by statement index. Unparseable dates become null; an end before the start is
+    dropped (the start is more reliable); indices that were not asked for are ignored."""
+    ranges: dict[int, TemporalValidityRange] = {}
+    for item in _load(text, "items"):
+        if not isinstance(item, dict) or item.get("index") not in expected:
+            stats.drop("validity_unknown_index")
+            continue
+        valid_at, invalid_at = (parse_datetime_utc(item.get(k)) for k in ("valid_at", "invalid_at"))
+        for key, parsed in (("valid_at", valid_at), ("invalid_at", invalid_at)):
+            if item.get(key) not in (None, "", "null") and parsed is None:
+                stats.repair(f"{key}_unparseable_set_null")
+        if valid_at and invalid_at and invalid_at < valid_at:
+            stats.repair("invalid_at_before_valid_at_dropped")
+            invalid_at = None
+        ranges[item["index"]] = TemporalValidityRange(valid_at=valid_at, invalid_at=invalid_at)
+    return ranges
+
+
+_PREDICATES = [p.value for p in Predicate]
+
+
+def repair_predicate(value: Any) -> Predicate | None:
+    """'holds role', 'HAS_ROLE' -> HOLDS_ROLE; None when nothing in the vocabulary is close."""
+    key = re.sub(r"[\s\-]+", "_", str(value or "").strip()).upper()
+    if key in _PREDICATES:
+        return Predicate(key)
+    match = process.extractOne(key, _PREDICATES, scorer=fuzz.ratio, score_cutoff=80)
+    return Predicate(match[0]) if match else None
+
+
+def parse_triplets(text: str, expected: list[int], stats: StageStats) -> dict[int, RawExtraction]:
+    extractions: dict[int, RawExtraction] = {}
+    for item in _load(text, "items"):
+        if not isinstance(item, dict) or item.get("index") not in expected:
+            stats.drop("triplets_unknown_index")
+            continue
+        entities = []
+        for raw in item.get("entities") or []:
+            try:
+                entities.append(RawEntity.model_validate(raw))
+            except ValidationError:
+                stats.drop("entity_invalid")
+        triplets = []
+        for raw in item.get("triplets") or []:
+            if not isinstance(raw, dict):
+                stats.drop("triplet_invalid")
+                continue
+            predicate = repair_predicate(raw.get("predicate"))
+            if predicate is None:
+                stats.drop("triplet_unknown_predicate")
+                continue
+            if predicate.value != str(raw.get("predicate")):
+                stats.repair("predicate_mapped_to_vocabulary")
+            try:
+                triplets.append(RawTriplet.model_validate({**raw, "predicate": predicate}))
+            except (ValidationError, ValueError):
+                stats.drop("triplet_invalid")
+        extractions[item["index"]] = RawExtraction(entities=entities, triplets=triplets)
+    return extractions
+
+
+def parse_verdicts(text: str, count: int, stats: StageStats) -> dict[int, tuple[bool, str]]:
+    verdicts: dict[int, tuple[bool, str]] = {}
+    for item in _load(text, "verdicts"):
+        index = item.get("candidate_index") if isinstance(item, dict) else None
+        if not isinstance(index, int) or not 0 <= index < count:
+            stats.drop("verdict_unknown_candidate")
+            continue
+        invalidates = item.get("invalidates")
+        if isinstance(invalidates, str):
+            invalidates = invalidates.strip().lower() in {"true", "yes"}
+        verdicts[index] = (bool(invalidates), str(item.get("reason") or ""))
+    return verdicts
+
+
+def parse_plan(text: str, stats: StageStats) -> list[str]:
+    return [str(task) for task in _load(text, "research_tasks") if str(task).strip()]
+
+
+__all__ = ["InvalidOutput", "StatementsOut", "ValidityOut", "TripletsOut", "JudgeOut", "PlanOut",
+           "parse_statements", "parse_validity", "parse_triplets", "parse_verdicts", "parse_plan", "repair_predicate"]
