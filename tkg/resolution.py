@@ -42,7 +42,7 @@ from rapidfuzz import fuzz, process
 
 from tkg import tables
 from tkg.companies import Company, load_companies
-from tkg.names import fold, organisation_key
+from tkg.names import company_for_name, fold, organisation_key
 
 FUZZY_THRESHOLD = 92  # whole-string ratio on folded names (seed: partial_ratio >= 80)
 EXTENSION_THRESHOLD = 90  # partial_ratio band where one name extends another
@@ -125,17 +125,8 @@ def office_key(name: str) -> str:
     role, separator, organization = name.rpartition(" of ")
     if not separator:
         return fold(name)
-    company = _registry_by_key().get(organisation_key(organization))
+    company = company_for_name(organization)
     return f"{fold(role)}@{company.ticker.lower() if company else organisation_key(organization)}"
-
-
-@lru_cache(maxsize=1)
-def _registry_by_key() -> dict[str, Company]:
-    keys: dict[str, Company] = {}
-    for company in load_companies().values():
-        for name in (company.name, company.ticker, *company.aliases):
-            keys.setdefault(organisation_key(name), company)
-    return keys
 
 
 def registry_id(company: Company) -> str:

@@ -136,13 +136,9 @@ class LLMExtractor(_Stages):
 
     async def _statements_for(self, chunk: Chunk, context: DocumentContext) -> list[RawStatement]:
         stats = self.stats("statements")
-        prompt = render(
-            TEMPLATES["statements"], label_definitions=LABEL_DEFINITIONS, main_entity=context.main_entity,
-            ticker=context.ticker, document_type=context.document_type,
-            publication_date=context.publication_date.date().isoformat(), quarter_explanation=context.quarter_explanation(),
-            fiscal_quarter=context.fiscal_quarter or "unknown", speaker=chunk.speaker, speaker_title=chunk.speaker_title,
-            chunk_text=chunk.text,
-        )
+        prompt = render(TEMPLATES["statements"], label_definitions=LABEL_DEFINITIONS, document_type=context.document_type,
+                        speaker=chunk.speaker, speaker_title=chunk.speaker_title, chunk_text=chunk.text,
+                        **self._context_vars(context))
         key = self._key("statements", prompt.input)
         if (cached := self.cache.get(key)) is not None:
             stats.cache_hits += 1
@@ -159,46 +155,42 @@ class LLMExtractor(_Stages):
 
     # -- validity ranges and triplets: batched, cached per statement ----------------------------
 
-    def _validity_text(self, statement: RawStatement, context: DocumentContext) -> str:
-        return "|".join((statement.statement, statement.statement_type.value, statement.temporal_type.value, context.ticker,
-                         context.publication_date.isoformat(), context.fiscal_quarter or "", context.quarter_explanation()))
+    @staticmethod
+    def _context_vars(context: DocumentContext) -> dict[str, object]:
+        return {"main_entity": context.main_entity, "ticker": context.ticker,
+                "publication_date": context.publication_date.isoformat(), "fiscal_quarter": context.fiscal_quarter or "unknown",
+                "quarter_explanation": context.quarter_explanation()}
 
-    def extract_validity(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[TemporalValidityRange | None]:
-        keys = [self._key("validity", self._validity_text(s, context)) for s in statements]
+    def _per_statement(self, stage: str, statements: Sequence[RawStatement], context: DocumentContext, schema, parse,
+                       model_type, **template_vars: object) -> dict[int, object]:
+        """One answer per statement: cached by statement (and the document context it is read
+        in), the misses sent `batch_size` to a request."""
+        context_vars = self._context_vars(context)
+        context_text = "|".join(str(context_vars[k]) for k in sorted(context_vars)) + f"|{context.fiscal_year_end_month}"
+        keys = [self._key(stage, f"{s.statement}|{s.statement_type.value}|{s.temporal_type.value}|{context_text}")
+                for s in statements]
 
-        async def batch(indices: list[int]) -> dict[int, TemporalValidityRange]:
+        async def batch(indices: list[int]) -> dict[int, object]:
             items = [{"index": local, "statement": statements[i].statement, "statement_type": statements[i].statement_type.value,
                       "temporal_type": statements[i].temporal_type.value} for local, i in enumerate(indices)]
-            prompt = render(TEMPLATES["validity"], main_entity=context.main_entity, ticker=context.ticker,
-                            publication_date=context.publication_date.isoformat(), fiscal_quarter=context.fiscal_quarter or "unknown",
-                            quarter_explanation=context.quarter_explanation(), statements=items)
-            stats = self.stats("validity")
-            parsed = await self.client.structured("validity", prompt, ValidityOut,
-                                                  lambda text: parse_validity(text, list(range(len(indices))), stats), stats)
+            prompt = render(TEMPLATES[stage], statements=items, **context_vars, **template_vars)
+            stats = self.stats(stage)
+            parsed = await self.client.structured(stage, prompt, schema,
+                                                  lambda text: parse(text, list(range(len(indices))), stats), stats)
             return {indices[local]: found for local, found in parsed.items()}
 
-        results = self._batched("validity", keys, batch, TemporalValidityRange)
+        return self._batched(stage, keys, batch, model_type)
+
+    def extract_validity(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[TemporalValidityRange | None]:
+        results = self._per_statement("validity", statements, context, ValidityOut, parse_validity, TemporalValidityRange)
         return [results.get(i) for i in range(len(statements))]
 
     def extract_triplets(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[RawExtraction]:
-        keys = [self._key("triplets", f"{s.statement}|{s.statement_type.value}|{s.temporal_type.value}|{context.main_entity}|"
-                                      f"{context.ticker}|{context.publication_date.date()}|{context.fiscal_quarter}|"
-                                      f"{context.fiscal_year_end_month}") for s in statements]
-
-        async def batch(indices: list[int]) -> dict[int, RawExtraction]:
-            items = [{"index": local, "statement": statements[i].statement, "statement_type": statements[i].statement_type.value,
-                      "temporal_type": statements[i].temporal_type.value} for local, i in enumerate(indices)]
-            prompt = render(TEMPLATES["triplets"], predicate_definitions={p.value: d for p, d in PREDICATE_DEFINITIONS.items()},
-                            entity_types=[t.value for t in EntityType], main_entity=context.main_entity,
-                            ticker=context.ticker, publication_date=context.publication_date.date().isoformat(),
-                            fiscal_quarter=context.fiscal_quarter or "unknown",
-                            quarter_explanation=context.quarter_explanation(), statements=items)
-            stats = self.stats("triplets")
-            parsed = await self.client.structured("triplets", prompt, TripletsOut,
-                                                  lambda text: parse_triplets(text, list(range(len(indices))), stats), stats)
-            return {indices[local]: found for local, found in parsed.items()}
-
-        results = self._batched("triplets", keys, batch, RawExtraction)
+        results = self._per_statement(
+            "triplets", statements, context, TripletsOut, parse_triplets, RawExtraction,
+            predicate_definitions={p.value: d for p, d in PREDICATE_DEFINITIONS.items()},
+            entity_types=[t.value for t in EntityType],
+        )
         return [results.get(i) or RawExtraction() for i in range(len(statements))]
 
     def _batched(self, stage: str, keys: list[str], batch, model_type) -> dict:
