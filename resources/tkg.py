@@ -110,6 +110,17 @@ class ExtractionBackend(dg.ConfigurableResource):
 
         return OpenAIEmbedder(*self._llm())
 
+    def describe(self) -> str:
+        """One line for logs: backend, models, server, batching. Never the key."""
+        backend = self.resolved_backend()
+        embeddings = choose_embeddings(self.embeddings, backend)
+        if backend == "offline":
+            return f"offline rules and judge, {embeddings} embeddings"
+        settings = self.llm_settings()
+        return (f"openai-compatible at {settings.base_url or 'api.openai.com'} ({settings.api_mode} API), "
+                f"models {settings.models}, batch size {settings.batch_size}, at most {settings.max_in_flight} in flight, "
+                f"{embeddings} embeddings")
+
     def chunk_embedder(self) -> Embedder:
         return WordLlamaEmbedder()
 

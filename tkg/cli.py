@@ -69,6 +69,7 @@ def build(
     for note in loaded.skipped:
         console.print(f"[yellow]source row skipped: {note}[/]")
     console.print(f"building {len(rows)} calls in {len(keys)} partitions from {loaded.name} into {home}")
+    console.print(f"extraction: {defs.resources['extraction'].describe()}")
 
     instance = dg.DagsterInstance.get()
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the progress bar says enough

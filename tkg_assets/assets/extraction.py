@@ -38,6 +38,7 @@ def statements(context: dg.AssetExecutionContext, storage: TkgStorage, extractio
     """Atomic statements extracted from each chunk, typed FACT/OPINION/PREDICTION and
     STATIC/DYNAMIC/ATEMPORAL, with pronouns and 'we' resolved to the company."""
     company, quarter = partition_of(context)
+    context.log.info(f"extraction backend: {extraction.describe()}")
     extractor = extraction.extractor()
     result = run_statements(storage.store, company, quarter, extractor)
     return dg.MaterializeResult(metadata=table_metadata(result.table, result.path, result.counts,
