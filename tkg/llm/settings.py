@@ -107,8 +107,17 @@ def choose_backend(explicit: str | None = None) -> str:
         reason = "TKG_LLM/explicit setting"
     if choice not in {"openai", "offline"}:
         raise ValueError(f"TKG_LLM must be 'openai' or 'offline', got {choice!r}")
-    log.info("tkg extraction backend: %s (%s)", choice, reason)
+    _log_once(f"tkg extraction backend: {choice} ({reason})")
     return choice
+
+
+_LOGGED: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        log.info(message)
 
 
 def choose_embeddings(explicit: str | None = None, backend: str = "offline") -> str:
@@ -116,5 +125,5 @@ def choose_embeddings(explicit: str | None = None, backend: str = "offline") -> 
     choice = (explicit or os.environ.get("TKG_EMBEDDINGS") or ("openai" if backend == "openai" else "wordllama")).lower()
     if choice not in {"openai", "wordllama"}:
         raise ValueError(f"TKG_EMBEDDINGS must be 'openai' or 'wordllama', got {choice!r}")
-    log.info("tkg statement embeddings: %s", choice)
+    _log_once(f"tkg statement embeddings: {choice}")
     return choice
