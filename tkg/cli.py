@@ -45,7 +45,11 @@ def build(
 ) -> None:
     """Materialise every partition of the source, then resolution, invalidation and the warehouse."""
     home = _configure(home, source)
+    import logging
+
     import dagster as dg
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # Dagster's first-run schema migration chatter
 
     from tkg.sources import load_source, quarter_start
     from tkg_assets.definitions import defs
