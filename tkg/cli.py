@@ -29,7 +29,10 @@ def _configure(home: Path | None, source: str | None = None) -> Path:
     os.environ["TKG_HOME"] = str(home)
     dagster_home = Path(os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home")))
     dagster_home.mkdir(parents=True, exist_ok=True)
-    (dagster_home / "dagster.yaml").touch(exist_ok=True)
+    instance_config = dagster_home / "dagster.yaml"
+    if not instance_config.exists():
+        # tkg runs offline by default: no usage statistics leave the machine unless you turn them on.
+        instance_config.write_text("telemetry:\n  enabled: false\n")
     if source is not None:
         os.environ["TKG_SOURCE"] = source
     return home
