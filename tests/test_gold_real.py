@@ -6,11 +6,11 @@ from __future__ import annotations
 import duckdb
 import pytest
 
+from tests.conftest import CORPUS, gold_cases, needs_corpus, needs_gold
 from tkg.build import BuildReport, build_partitions_offline, finish_graph, partitions_of
 from tkg.invalidation import RuleJudge
 from tkg.sources import load_source
 from tkg.store import ParquetStore
-from tests.conftest import CORPUS, gold_cases, needs_corpus, needs_gold
 
 pytestmark = [needs_corpus, pytest.mark.slow]
 

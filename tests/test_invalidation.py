@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from datetime import datetime, timezone
 
-import duckdb
 import pyarrow as pa
-import pytest
 
+from tests.conftest import CORPUS, needs_corpus
 from tkg import tables
-from tkg.build import build_graph, finish_graph, partitions_of, run_partition, BuildReport
+from tkg.build import BuildReport, build_graph, finish_graph, partitions_of, run_partition
 from tkg.embeddings import WordLlamaEmbedder
 from tkg.extraction.offline import OfflineExtractor
 from tkg.invalidation import RuleJudge, invalidate
 from tkg.sources import SAMPLE_PATH, load_source
 from tkg.store import ParquetStore
-from tests.conftest import CORPUS, needs_corpus
 
 
 def day(text: str) -> datetime:

@@ -7,10 +7,10 @@ from datetime import date, timezone
 
 import pytest
 
+from tests.conftest import needs_corpus
 from tkg.companies import get_company
 from tkg.parsing import SourceRow, TranscriptParseError, parse_transcript, split_affiliation
 from tkg.sources import load_source
-from tests.conftest import needs_corpus
 
 
 def _parse(row):

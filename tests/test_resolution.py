@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from tkg import tables
@@ -14,7 +15,7 @@ from tkg.resolution import resolve_entities
 T0 = datetime(2016, 1, 1, tzinfo=timezone.utc)
 
 
-def mentions(*items, start: int = 0, descriptions: dict[str, str] | None = None, embed: bool = False) -> "pa.Table":
+def mentions(*items, start: int = 0, descriptions: dict[str, str] | None = None, embed: bool = False) -> pa.Table:
     """(type, name) pairs -> an entity-mentions table; one mention per item, a day apart."""
     rows = []
     for offset, (entity_type, name) in enumerate(items):

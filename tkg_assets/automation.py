@@ -11,8 +11,8 @@ GLOBAL_AUTOMATION = dg.AutomationCondition.eager().without(~dg.AutomationConditi
 def new_transcripts_requests(loaded_rows, materialized: set[str]) -> list[dg.RunRequest]:
     """One run per company x quarter that has a transcript in the source but no `transcripts`
     materialisation yet, oldest first."""
-    from tkg_assets.partitions import partition_key
     from tkg.sources import quarter_start
+    from tkg_assets.partitions import partition_key
 
     wanted = sorted({(row.company, quarter_start(row.call_date)) for row in loaded_rows}, key=lambda k: (k[1], k[0]))
     requests = []
