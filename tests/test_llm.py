@@ -290,3 +290,31 @@ def test_a_partition_through_dagster_and_a_warm_rerun(fresh, tmp_path, monkeypat
     haystacks = [caplog.text, *records, *metadata, repr(dumped)]
     haystacks += [p.read_bytes().decode("latin-1") for p in home.rglob("*") if p.is_file()]
     assert not any(API_KEY in text for text in haystacks)
+
+
+def test_random_429s_and_500s_lose_nothing(make, fresh, sample_call):
+    """A provider that fails a quarter of all requests at random: every statement still comes back."""
+    context, chunks = sample_call
+    extractor, _, _ = make(max_attempts=10)
+    expected = OfflineExtractor().extract_statements(chunks, context)
+    fresh.configure(p_429=0.2, p_500=0.05, retry_after_s=0.05, seed=3)
+    try:
+        assert extractor.extract_statements(chunks, context) == expected
+    finally:
+        fresh.configure(p_429=0.0, p_500=0.0, retry_after_s=0.3)
+    stats = extractor.stats("statements")
+    assert stats.rate_limited > 0 and stats.retries > 0 and stats.dropped_total == 0
+
+
+def test_usage_rows_count_each_request_once(make, fresh, sample_call):
+    """One extractor serving several steps reports each step's own requests (what the provider saw)."""
+    context, chunks = sample_call
+    extractor, _, _ = make()
+    extractor.extract_statements(chunks[:4], context)
+    first = extractor.usage_rows("statements")
+    flat = [s for per_chunk in extractor.extract_statements(chunks[:4], context) for s in per_chunk]  # cached now
+    extractor.extract_triplets(flat, context)
+    second = extractor.usage_rows("triplets")
+    requests = {row["stage"]: row["requests"] for row in second}
+    assert sum(row["requests"] for row in first + second) == fresh.stats().requests["responses"]
+    assert requests["statements"] == 0 and requests["triplets"] > 0

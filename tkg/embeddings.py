@@ -34,8 +34,19 @@ def normalise_rows(vectors: np.ndarray) -> np.ndarray:
 
 @lru_cache(maxsize=2)
 def _load_wordllama(dimension: int) -> Any:
+    import logging
+
+    # wordllama calls logging.basicConfig(level=INFO) on import, which would turn on INFO
+    # logging (every HTTP request of the LLM path) for the whole process: undo that.
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
     import wordllama
     from wordllama import WordLlama
+
+    root.setLevel(level)
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
 
     package_dir = Path(wordllama.__file__).parent
     # cache_dir must be the package folder and downloads disabled, or wordllama goes online.

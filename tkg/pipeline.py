@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -160,8 +161,11 @@ def build_events(
             continue
         raw = [_raw_statement(row) for row in rows]
         dated = [i for i, statement in enumerate(raw) if statement.temporal_type != TemporalType.ATEMPORAL]
-        ranges = dict(zip(dated, extractor.extract_validity([raw[i] for i in dated], context)))
-        embeddings = embedder.embed([row["statement"] for row in rows])
+        # Embeddings do not need the validity ranges: request both at once.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            embedding_job = pool.submit(embedder.embed, [row["statement"] for row in rows])
+            ranges = dict(zip(dated, extractor.extract_validity([raw[i] for i in dated], context)))
+            embeddings = embedding_job.result()
         for index, (row, statement) in enumerate(zip(rows, raw)):
             extracted = ranges.get(index)
             if index in ranges and extracted is None and statement.temporal_type != TemporalType.ATEMPORAL:

@@ -98,6 +98,23 @@ class StageStats:
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
 
+    def since(self, earlier: "StageStats") -> "StageStats":
+        """What happened after `earlier` (a snapshot of this same counter)."""
+        delta = StageStats(**{name: getattr(self, name) - getattr(earlier, name) for name in
+                              ("requests", "cache_hits", "input_tokens", "cached_input_tokens", "output_tokens",
+                               "retries", "rate_limited", "reasks", "cost_usd")})
+        delta.dropped = self.dropped - earlier.dropped
+        delta.repaired = self.repaired - earlier.repaired
+        delta.latencies_ms = self.latencies_ms[len(earlier.latencies_ms):]
+        return delta
+
+    def snapshot(self) -> "StageStats":
+        copy = StageStats(**{name: getattr(self, name) for name in
+                             ("requests", "cache_hits", "input_tokens", "cached_input_tokens", "output_tokens",
+                              "retries", "rate_limited", "reasks", "cost_usd")})
+        copy.dropped, copy.repaired, copy.latencies_ms = Counter(self.dropped), Counter(self.repaired), list(self.latencies_ms)
+        return copy
+
     def latency_percentile(self, q: float) -> float | None:
         if not self.latencies_ms:
             return None

@@ -4,8 +4,11 @@ One `LLMClient` per process owns an event loop in a background thread. Every sta
 its requests to that loop, so one adaptive limiter bounds the requests in flight across all
 stages and threads, and no stage ever calls `asyncio.run` inside someone else's loop.
 
-- Rate limits are the real constraint: on a 429 the limiter halves the allowed concurrency,
-  pauses new requests for the provider's Retry-After, and grows back one slot at a time.
+- Rate limits are the real constraint: on a 429 the limiter lowers the allowed concurrency,
+  the request waits the provider's Retry-After, and the limit grows back one slot at a time.
+- Structured outputs use the JSON schemas the SDK derives from the pydantic models in
+  `tkg.llm.wire` (strict mode); answers are parsed by our lenient parsers, which repair
+  near-misses instead of throwing whole answers away.
 - 5xx, timeouts and connection errors retry with exponential backoff and jitter (tenacity).
 - An answer that cannot be used is re-asked once with the reason; then the caller drops the
   item and counts it.
@@ -14,17 +17,19 @@ stages and threads, and no stage ever calls `asyncio.run` inside someone else's 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import numpy as np
 import openai
-from pydantic import BaseModel, ValidationError
+from openai.lib._parsing._completions import type_to_response_format_param
+from openai.lib._parsing._responses import type_to_text_format_param
+from pydantic import BaseModel
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from tkg.extraction.base import StageStats
@@ -43,8 +48,10 @@ class RequestFailed(RuntimeError):
 
 
 class AdaptiveLimiter:
-    """At most `limit` requests in flight. A 429 halves the limit (at most once per second)
-    and pauses everyone for Retry-After; each run of `limit` successes adds one slot back."""
+    """At most `limit` requests in flight (AIMD). A 429 cuts the limit by a quarter (at most
+    twice a second, so one burst counts once); every `limit / 4` successes in a row add a slot
+    back, up to `maximum`. The request that got the 429 waits the provider's Retry-After
+    before it is retried; the others carry on at the lower limit."""
 
     def __init__(self, maximum: int) -> None:
         self.maximum = max(1, maximum)
@@ -52,38 +59,25 @@ class AdaptiveLimiter:
         self.in_flight = 0
         self._condition = asyncio.Condition()
         self._successes = 0
-        self._paused_until = 0.0
         self._last_cut = 0.0
 
     async def acquire(self) -> None:
         async with self._condition:
-            while True:
-                wait = self._paused_until - time.monotonic()
-                if wait > 0:
-                    try:
-                        await asyncio.wait_for(self._condition.wait(), timeout=wait)
-                    except asyncio.TimeoutError:
-                        pass
-                    continue
-                if self.in_flight < self.limit:
-                    self.in_flight += 1
-                    return
-                await self._condition.wait()
+            await self._condition.wait_for(lambda: self.in_flight < self.limit)
+            self.in_flight += 1
 
-    async def release(self, rate_limited: bool = False, retry_after: float | None = None) -> None:
+    async def release(self, rate_limited: bool = False) -> None:
         async with self._condition:
             self.in_flight -= 1
             now = time.monotonic()
             if rate_limited:
                 self._successes = 0
-                if now - self._last_cut > 1.0:
-                    self.limit = max(1, self.limit // 2)
+                if now - self._last_cut > 0.5:
+                    self.limit = max(1, (self.limit * 3) // 4)
                     self._last_cut = now
-                if retry_after:
-                    self._paused_until = max(self._paused_until, now + retry_after)
             else:
                 self._successes += 1
-                if self._successes >= self.limit and self.limit < self.maximum:
+                if self._successes >= max(1, self.limit // 4) and self.limit < self.maximum:
                     self.limit += 1
                     self._successes = 0
             self._condition.notify_all()
@@ -102,33 +96,11 @@ def _retry_after(error: BaseException) -> float | None:
     return None
 
 
-def _text_and_usage(raw: Any, api_mode: str) -> tuple[str, tuple[int, int, int]]:
-    """The answer's text and (input, cached input, output) tokens.
-
-    The SDK's parse validates against the strict schema; when that fails, the raw body still
-    holds the text, which our lenient parser may be able to repair (a misspelt predicate, a
-    label in lower case) instead of throwing the whole answer away."""
-    try:
-        parsed = raw.parse()
-        if api_mode == "chat":
-            usage = parsed.usage
-            details = getattr(usage, "prompt_tokens_details", None) if usage else None
-            tokens = (usage.prompt_tokens, getattr(details, "cached_tokens", 0) or 0, usage.completion_tokens) if usage else (0, 0, 0)
-            return parsed.choices[0].message.content or "", tokens
-        usage = parsed.usage
-        tokens = (usage.input_tokens, getattr(usage.input_tokens_details, "cached_tokens", 0) or 0, usage.output_tokens) if usage else (0, 0, 0)
-        return parsed.output_text or "", tokens
-    except (ValidationError, ValueError):
-        body = json.loads(raw.text)
-        usage = body.get("usage") or {}
-        if api_mode == "chat":
-            text = ((body.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            return text, (usage.get("prompt_tokens", 0), cached, usage.get("completion_tokens", 0))
-        text = "".join(part.get("text", "") for item in body.get("output") or [] if item.get("type") == "message"
-                       for part in item.get("content") or [] if part.get("type") == "output_text")
-        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
-        return text, (usage.get("input_tokens", 0), cached, usage.get("output_tokens", 0))
+@lru_cache(maxsize=32)
+def _response_formats(schema: type[BaseModel]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The strict JSON-schema formats the SDK's `parse` helpers build from a pydantic model,
+    for the Responses API and for chat completions; built once per schema, not per request."""
+    return type_to_text_format_param(schema), type_to_response_format_param(schema)
 
 
 @dataclass
@@ -190,9 +162,9 @@ class LLMClient:
                     started = time.perf_counter()
                     try:
                         result = await call()
-                    except openai.RateLimitError as error:
+                    except openai.RateLimitError:
                         stats.rate_limited += 1
-                        await limiter.release(rate_limited=True, retry_after=_retry_after(error))
+                        await limiter.release(rate_limited=True)
                         raise
                     except BaseException:
                         await limiter.release()
@@ -213,18 +185,27 @@ class LLMClient:
         if self.settings.service_tier:
             extra["service_tier"] = self.settings.service_tier
 
+        text_format, chat_format = _response_formats(schema)
+
         async def call() -> Completion:
             stats.requests += 1
             if self.settings.api_mode == "chat":
-                raw = await client.chat.completions.with_raw_response.parse(
-                    model=model, temperature=self.settings.temperature, response_format=schema,
+                response = await client.chat.completions.create(
+                    model=model, temperature=self.settings.temperature, response_format=chat_format,
                     messages=[{"role": "system", "content": prompt.instructions}, {"role": "user", "content": prompt.input}],
                     **extra)
+                usage = response.usage
+                details = getattr(usage, "prompt_tokens_details", None) if usage else None
+                tokens = (usage.prompt_tokens, getattr(details, "cached_tokens", 0) or 0, usage.completion_tokens) if usage else (0, 0, 0)
+                text = response.choices[0].message.content or ""
             else:
-                raw = await client.responses.with_raw_response.parse(
-                    model=model, temperature=self.settings.temperature, text_format=schema,
+                response = await client.responses.create(
+                    model=model, temperature=self.settings.temperature, text={"format": text_format},
                     instructions=prompt.instructions, input=prompt.input, **extra)
-            text, tokens = _text_and_usage(raw, self.settings.api_mode)
+                usage = response.usage
+                tokens = (usage.input_tokens, getattr(usage.input_tokens_details, "cached_tokens", 0) or 0,
+                          usage.output_tokens) if usage else (0, 0, 0)
+                text = response.output_text or ""
             stats.input_tokens += tokens[0]
             stats.cached_input_tokens += tokens[1]
             stats.output_tokens += tokens[2]

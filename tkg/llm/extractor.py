@@ -86,13 +86,18 @@ class _Stages:
 
     def __init__(self) -> None:
         self._stats: dict[str, StageStats] = {}
+        self._reported: dict[str, StageStats] = {}
 
     def stats(self, stage: str) -> StageStats:
         return self._stats.setdefault(stage, StageStats())
 
     def usage_rows(self, step: str) -> list[dict]:
+        """Usage since the previous call, per stage: one component may serve several steps
+        (the embedder serves temporal_events and entities), and each request counts once."""
         rows = []
-        for stage, stats in sorted(self._stats.items()):
+        for stage, total in sorted(self._stats.items()):
+            stats = total.since(self._reported.get(stage, StageStats()))
+            self._reported[stage] = total.snapshot()
             if not (stats.requests or stats.cache_hits or stats.dropped_total):
                 continue
             summary = stats.summary()
