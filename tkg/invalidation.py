@@ -6,10 +6,10 @@ before 2016, or a missed call added last, gives the same `invalid_at`, `invalida
 `expired_at`, and removing an event re-opens whatever only it had retired. Verdicts are cached
 (the LLM judge) or cheap (the rule judge), so the recompute does not repay for old pairs.
 
-Candidate selection is one DuckDB query (sql/pipeline/invalidation_candidates.sql): joins on
-shared canonical entities, the temporal filter, vectorised cosine and a window for the top k.
-Then one judge request per primary event covers all its candidates (1:N). When several events
-retire the same one, the earliest wins.
+Candidate selection (`tkg.candidates`) blocks events by shared canonical entity and predicate
+group, sweeps each block in time and scores cosines as matrix products; ranking is polars set
+operations. Then one judge request per primary event covers all its candidates (1:N). When
+several events retire the same one, the earliest wins.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import duckdb
 import pyarrow as pa
 
 from tkg import tables
+from tkg.candidates import select_candidates
 from tkg.models import PREDICATE_GROUP_OF, Predicate
 from tkg.paths import read_sql
 from tkg.roles import FUNCTIONAL_OFFICES
@@ -154,15 +155,6 @@ def canonical_triplets(triplets: pa.Table, mapping: pa.Table, canonical: pa.Tabl
         register_raw(connection, {"triplets": triplets, "entity_resolution": mapping, "canonical_entities": canonical})
         apply_model(connection, model("triplets"), record=False)
         return connection.sql("SELECT * FROM triplets ORDER BY triplet_id").to_arrow_table()
-
-
-def select_candidates(events: pa.Table, links: pa.Table, min_cosine: float = 0.5, top_k: int = 10) -> pa.Table:
-    with duckdb.connect() as connection:
-        connection.register("facts", events)
-        connection.register("links", links)
-        return connection.sql(
-            read_sql("pipeline/invalidation_candidates.sql"), params={"min_cosine": min_cosine, "top_k": top_k}
-        ).to_arrow_table()
 
 
 def invalidate(

@@ -11,6 +11,7 @@ from cleanco import basename
 from tkg.companies import Company, load_companies
 
 
+@lru_cache(maxsize=262144)
 def fold(text: str) -> str:
     """Lower-case, strip accents and punctuation, collapse spaces: 'Crédit  Suisse,' -> 'credit suisse'."""
     text = unicodedata.normalize("NFKD", text)

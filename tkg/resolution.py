@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 from nameparser import HumanName
 from nicknames import NickNamer
 from rapidfuzz import fuzz, process
@@ -233,8 +235,9 @@ def _cluster_fuzzy(groups: list[NameGroup], key_of, organisations: bool) -> list
                     if len(single.split()) == 1 and len(multi.split()) > 1 and len(single) >= 2 and single == _acronym(multi):
                         finder.union(members[a], members[b])
             continue
-        ratio = process.cdist(names, names, scorer=fuzz.ratio, workers=-1, score_cutoff=EXTENSION_THRESHOLD - 30)
-        partial = process.cdist(names, names, scorer=fuzz.partial_ratio, workers=-1, score_cutoff=EXTENSION_THRESHOLD)
+        workers = -1 if len(names) > 256 else 1  # threads cost more than they save on small blocks
+        ratio = process.cdist(names, names, scorer=fuzz.ratio, workers=workers, score_cutoff=EXTENSION_THRESHOLD - 30)
+        partial = process.cdist(names, names, scorer=fuzz.partial_ratio, workers=workers, score_cutoff=EXTENSION_THRESHOLD)
         for a, b in zip(*np.nonzero(np.triu(np.maximum(ratio, partial), k=1))):
             one, other = names[a], names[b]
             if _digits(one) != _digits(other):
@@ -264,7 +267,7 @@ def _medoid(groups: list[NameGroup], members: list[int]) -> int:
     if len(members) == 1:
         return members[0]
     names = [fold(groups[i].name) for i in members]
-    scores = process.cdist(names, names, scorer=fuzz.ratio, workers=-1)
+    scores = process.cdist(names, names, scorer=fuzz.ratio, workers=-1 if len(names) > 256 else 1)
     weights = np.array([groups[i].count for i in members], dtype=np.float64)
     totals = scores @ weights
     best = max(range(len(members)), key=lambda j: (totals[j], groups[members[j]].count, len(names[j]), groups[members[j]].name))
@@ -292,29 +295,50 @@ class Resolution:
 
 
 def _group_mentions(mentions: pa.Table) -> list[NameGroup]:
-    columns = mentions.select(["entity_id", "name", "type", "description", "seen_at", "embedding"]).to_pydict()
-    groups: dict[tuple[str, str], NameGroup] = {}
-    vectors: dict[tuple[str, str], list] = defaultdict(list)
-    for entity_id, name, entity_type, description, seen_at, embedding in zip(*columns.values()):
-        name = " ".join((name or "").split())
-        if not name:
-            continue
-        key = (entity_type or "Other", name)
-        group = groups.setdefault(key, NameGroup(type=key[0], name=name))
-        group.mention_ids.append(entity_id)
-        if description and description not in group.descriptions:
-            group.descriptions.append(description)
-        if embedding is not None:
-            vectors[key].append(embedding)
-        if seen_at is not None:
-            group.first_seen = seen_at if group.first_seen is None else min(group.first_seen, seen_at)
-            group.last_seen = seen_at if group.last_seen is None else max(group.last_seen, seen_at)
-    for key, group in groups.items():
-        if vectors[key]:
-            mean = np.asarray(vectors[key], dtype=np.float32).mean(axis=0)
-            norm = np.linalg.norm(mean)
-            group.embedding = mean / norm if norm else mean
-    return sorted(groups.values(), key=lambda g: (g.type, g.name))
+    """One NameGroup per (type, exact name), with the mean description embedding."""
+    frame = (
+        pl.from_arrow(mentions.select(["entity_id", "name", "type", "description", "seen_at"]))
+        .with_row_index("row")
+        .with_columns(pl.col("name").str.split(" ").list.eval(pl.element().filter(pl.element() != "")).list.join(" "),
+                      pl.col("type").fill_null("Other"))
+        .filter(pl.col("name").str.len_chars() > 0)
+    )
+    grouped = (
+        frame.group_by(["type", "name"], maintain_order=True)
+        .agg(pl.col("entity_id"), pl.col("row"),
+             pl.col("description").filter(pl.col("description").is_not_null() & (pl.col("description") != "")).unique(maintain_order=True),
+             pl.col("seen_at").min().alias("first_seen"), pl.col("seen_at").max().alias("last_seen"))
+        .sort(["type", "name"])
+    )
+    # Description embeddings only ever settle organisation names (see _descriptions_agree).
+    organisations = grouped.with_row_index("group").filter(pl.col("type") == ORGANIZATION)
+    vectors: dict[int, np.ndarray] = {}
+    if organisations.height:
+        exploded = organisations.select("group", "row").explode("row")
+        vectors = _mean_embeddings(mentions.column("embedding"), exploded["row"].to_numpy(), exploded["group"].to_numpy())
+    return [
+        NameGroup(type=entity_type, name=name, mention_ids=ids, descriptions=descriptions, embedding=vectors.get(index),
+                  first_seen=first, last_seen=last)
+        for index, (entity_type, name, ids, _, descriptions, first, last) in enumerate(grouped.iter_rows())
+    ]
+
+
+def _mean_embeddings(column: pa.ChunkedArray, rows: np.ndarray, groups: np.ndarray) -> dict[int, np.ndarray]:
+    """Mean unit vector per group over the given mention rows that have an embedding."""
+    picked = column.take(pa.array(rows)).combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(picked), 0).to_numpy(zero_copy_only=False)
+    width = int(lengths.max()) if len(lengths) else 0
+    if width == 0:
+        return {}
+    present = lengths == width
+    matrix = np.asarray(pc.list_flatten(picked.filter(pa.array(present))).to_numpy(zero_copy_only=False),
+                        dtype=np.float32).reshape(-1, width)
+    means: dict[int, np.ndarray] = {}
+    for group in np.unique(groups[present]):
+        total = matrix[groups[present] == group].sum(axis=0)
+        norm = np.linalg.norm(total)
+        means[int(group)] = total / norm if norm else total
+    return means
 
 
 def cluster_groups(groups: list[NameGroup]) -> list[list[NameGroup]]:
@@ -376,7 +400,9 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
                 known_alias.setdefault((row["type"], _alias_key(row["type"], alias)), row["canonical_id"])
 
     canonical_rows: dict[str, dict[str, Any]] = {}
-    mapping: list[dict[str, Any]] = []
+    mapped_ids: list[str] = []
+    mapped_canonicals: list[str] = []
+    mapped_methods: list[str] = []
     merges: dict[str, str] = {}
     for cluster in sorted(clusters, key=lambda c: (c[0].type, min(g.name for g in c))):
         entity_type = cluster[0].type
@@ -411,9 +437,9 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
             "merged_into": None, "source": "registry" if method == "registry" else "mentions",
         }
         for group in cluster:
-            how = method if group.name == name else f"{method}:alias"
-            for mention_id in group.mention_ids:
-                mapping.append({"entity_id": mention_id, "canonical_id": canonical_id, "method": how, "score": None})
+            mapped_ids.extend(group.mention_ids)
+            mapped_canonicals.extend([canonical_id] * group.count)
+            mapped_methods.extend([method if group.name == name else f"{method}:alias"] * group.count)
         counts[f"clusters_{method}"] += 1
 
     # Canonicals that still exist from earlier runs stay in the registry (never deleted).
@@ -425,11 +451,14 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
         kept["merged_into"] = merges.get(canonical_id, row.get("merged_into"))
         canonical_rows[canonical_id] = kept
     counts["canonical_entities"] = sum(1 for r in canonical_rows.values() if not r["merged_into"])
-    counts["mentions"] = len(mapping)
+    counts["mentions"] = len(mapped_ids)
     counts["merges_recorded"] = len(merges)
+    mapping = pa.table({"entity_id": pa.array(mapped_ids, pa.string()), "canonical_id": pa.array(mapped_canonicals, pa.string()),
+                        "method": pa.array(mapped_methods, pa.string()), "score": pa.nulls(len(mapped_ids), pa.float64())},
+                       schema=tables.ENTITY_RESOLUTION)
     return Resolution(
         canonical_entities=tables.to_table(sorted(canonical_rows.values(), key=lambda r: r["canonical_id"]), tables.CANONICAL_ENTITIES),
-        mapping=tables.to_table(sorted(mapping, key=lambda r: r["entity_id"]), tables.ENTITY_RESOLUTION),
+        mapping=mapping.sort_by("entity_id"),
         counts=counts,
     )
 
