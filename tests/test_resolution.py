@@ -147,3 +147,33 @@ def test_grouping_does_not_depend_on_row_order():
             grouped.setdefault(canonical, set()).add(by_name[entity_id])
         return sorted(map(sorted, grouped.values()))
     assert groups(forward) == groups(backward)
+
+
+def test_a_ticker_and_the_legal_name_are_one_company():
+    table = mentions(("Organization", "Intel Corporation"), ("Organization", "INTC"), ("Organization", "Intel Corp."),
+                     ("Organization", "Intel Inc."))
+    assert set(clusters(resolve_entities(table)).values()) == {"cmp_INTC"}
+
+
+def test_an_all_initials_form_does_not_split_a_nickname_off():
+    table = mentions(("Person", "Robert H. Swan"), ("Person", "R.H. Swan"), ("Person", "Bob Swan"))
+    assert len(set(clusters(resolve_entities(table)).values())) == 1
+
+
+@pytest.mark.parametrize("entity_type, a, b, expected", [
+    ("Role", "Chief Financial Officer of Intel Corporation", "CFO of Intel Corp", True),
+    ("Role", "Chief Executive Officer of Intel Corporation", "CFO of Intel Corporation", False),
+    ("Metric", "Intel Corporation revenue Q3 2016", "Intel revenue Q3 2016", True),
+    ("Metric", "revenue Q3 2016 Intel", "Intel revenue Q3 2016", True),
+    ("Metric", "AMD revenue Q3 2016", "Intel revenue Q3 2016", False),
+    ("Numeric", "$15.8B", "$15.8 billion", True),
+    ("Numeric", "15.8 billion dollars", "$15.8 billion", True),
+    ("Numeric", "10%", "10 percent", True),
+    ("Numeric", "10%", "100%", False),
+    ("Numeric", "$10 million", "10%", False),
+    ("Product", "Intel Xeon", "Xeon", True),
+    ("Product", "iPhone 7", "iPhone 8", False),
+])
+def test_typed_keys(entity_type, a, b, expected):
+    table = mentions((entity_type, a), (entity_type, b))
+    assert same(table, resolve_entities(table), a, b) is expected

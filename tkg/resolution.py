@@ -45,6 +45,7 @@ from rapidfuzz import fuzz, process
 from tkg import tables
 from tkg.companies import Company, load_companies
 from tkg.names import company_for_name, fold, organisation_key
+from tkg.roles import parse_offices
 
 FUZZY_THRESHOLD = 92  # whole-string ratio on folded names (seed: partial_ratio >= 80)
 EXTENSION_THRESHOLD = 90  # partial_ratio band where one name extends another
@@ -55,7 +56,7 @@ GENERIC_ORG_WORDS = {
     "communications", "solutions", "software", "electronics", "devices", "computer", "computers", "industries",
 }
 PERSON, ORGANIZATION, ROLE = "Person", "Organization", "Role"
-EXACT_TYPES = {"Metric", "Numeric"}
+METRIC, NUMERIC, PRODUCT = "Metric", "Numeric", "Product"
 
 
 @lru_cache(maxsize=1)
@@ -94,11 +95,18 @@ def parse_person(name: str) -> PersonName | None:
     return PersonName(given=given, last=last)
 
 
+@lru_cache(maxsize=65536)
+def _initials_of(token: str) -> frozenset[str]:
+    """First letters a given name can be abbreviated to: its own, and its formal names' ('Bob' -> b, r)."""
+    return frozenset({token[0]} | {name[0] for name in _nicknamer().canonicals_of(token) if name})
+
+
 def _given_token_match(a: str, b: str) -> bool:
     if a == b:
         return True
     if len(a) == 1 or len(b) == 1:
-        return a[0] == b[0]
+        initial, full = (a, b) if len(a) == 1 else (b, a)
+        return initial in _initials_of(full)
     if min(len(a), len(b)) >= 3 and (a.startswith(b) or b.startswith(a)):
         return True
     return _nickname_match(a, b)
@@ -122,13 +130,66 @@ def _digits(text: str) -> tuple[str, ...]:
     return tuple(sorted(re.findall(r"\d+", text)))
 
 
+@lru_cache(maxsize=65536)
 def office_key(name: str) -> str:
-    """'CFO of Intel Corp.' and 'CFO of Intel Corporation' -> 'cfo@intc'."""
+    """'CFO of Intel Corp.' and 'Chief Financial Officer of Intel Corporation' -> 'cfo@intc'."""
     role, separator, organization = name.rpartition(" of ")
     if not separator:
         return fold(name)
+    offices = parse_offices(role)
+    role_key = fold(offices[0].role) if len(offices) == 1 else fold(role)  # an interim CEO holds the CEO office
     company = company_for_name(organization)
-    return f"{fold(role)}@{company.ticker.lower() if company else organisation_key(organization)}"
+    return f"{role_key}@{company.ticker.lower() if company else organisation_key(organization)}"
+
+
+@lru_cache(maxsize=1)
+def _company_names() -> tuple[re.Pattern, dict[str, str]]:
+    """Every registry name, alias and ticker as folded words, longest first."""
+    names: dict[str, str] = {}
+    for company in load_companies().values():
+        for name in (company.name, company.ticker, *company.aliases, organisation_key(company.name)):
+            if fold(name):
+                names.setdefault(fold(name), company.ticker.lower())
+    pattern = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return re.compile(rf"\b({pattern})\b"), names
+
+
+def _with_tickers(text: str) -> str:
+    pattern, names = _company_names()
+    return pattern.sub(lambda m: names[m[1]], fold(text))
+
+
+@lru_cache(maxsize=262144)
+def metric_key(name: str) -> str:
+    """'Intel Corporation revenue Q3 2016' = 'Intel revenue Q3 2016' = 'revenue Q3 2016 Intel'."""
+    return " ".join(sorted(_with_tickers(name).split()))
+
+
+_SCALE = {"thousand": 1e3, "k": 1e3, "million": 1e6, "mn": 1e6, "m": 1e6, "billion": 1e9, "bn": 1e9, "b": 1e9,
+          "trillion": 1e12, "tn": 1e12, "t": 1e12}
+_AMOUNT = re.compile(r"^(?P<dollar>\$|us\$|usd\s*)?\s*(?P<number>\d[\d,]*(?:\.\d+)?|\.\d+)\s*"
+                     r"(?P<scale>thousand|million|billion|trillion|mn|bn|tn|k|m|b|t)?\.?\s*"
+                     r"(?P<unit>%|percent|per cent|dollars|usd)?$", re.IGNORECASE)
+
+
+@lru_cache(maxsize=262144)
+def numeric_key(name: str) -> str:
+    """'$15.8B' = '$15.8 billion' = '15.8 billion dollars'; '10%' = '10 percent'; else the folded text."""
+    match = _AMOUNT.match(name.strip())
+    if not match:
+        return fold(name)
+    value = float(match["number"].replace(",", "")) * _SCALE.get((match["scale"] or "").lower(), 1.0)
+    unit = (match["unit"] or "").lower()
+    kind = "usd" if match["dollar"] or unit in {"dollars", "usd"} else "pct" if unit in {"%", "percent", "per cent"} else "num"
+    return f"{kind}:{value:.6g}"
+
+
+@lru_cache(maxsize=262144)
+def product_key(name: str) -> str:
+    """'Intel Xeon' and 'Xeon': the maker's name in front does not make another product."""
+    pattern, _ = _company_names()
+    stripped = " ".join(pattern.sub(" ", fold(name)).split())
+    return stripped or fold(name)
 
 
 def registry_id(company: Company) -> str:
@@ -352,10 +413,14 @@ def cluster_groups(groups: list[NameGroup]) -> list[list[NameGroup]]:
             index_clusters = _cluster_people(typed)
         elif entity_type == ROLE:
             index_clusters = _exact_clusters(typed, office_key)
-        elif entity_type in EXACT_TYPES:
-            index_clusters = _exact_clusters(typed, fold)
+        elif entity_type == METRIC:
+            index_clusters = _exact_clusters(typed, metric_key)
+        elif entity_type == NUMERIC:
+            index_clusters = _exact_clusters(typed, numeric_key)
         elif entity_type == ORGANIZATION:
             index_clusters = _cluster_fuzzy(typed, organisation_key, organisations=True)
+        elif entity_type == PRODUCT:
+            index_clusters = _cluster_fuzzy(typed, product_key, organisations=False)
         else:
             index_clusters = _cluster_fuzzy(typed, fold, organisations=False)
         clusters.extend([typed[i] for i in members] for members in index_clusters)
@@ -399,6 +464,7 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
             for alias in row.get("aliases") or [row["name"]]:
                 known_alias.setdefault((row["type"], _alias_key(row["type"], alias)), row["canonical_id"])
 
+    clusters = _join_registry_clusters(clusters, known_alias, prior)
     canonical_rows: dict[str, dict[str, Any]] = {}
     mapped_ids: list[str] = []
     mapped_canonicals: list[str] = []
@@ -463,17 +529,35 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     )
 
 
+def _join_registry_clusters(clusters: list[list[NameGroup]], known_alias: dict, prior: dict) -> list[list[NameGroup]]:
+    """Clusters that name the same configured company are one entity, whatever the fuzzy
+    matching made of them: 'INTC' and 'Intel Corporation' share no letters worth scoring."""
+    by_company: dict[str, list[int]] = defaultdict(list)
+    for index, cluster in enumerate(clusters):
+        entity_type = cluster[0].type
+        companies = {known_alias.get((entity_type, _alias_key(entity_type, g.name))) for g in cluster}
+        for canonical_id in companies:
+            if canonical_id and prior[canonical_id]["source"] == "registry":
+                by_company[canonical_id].append(index)
+    finder = _UnionFind(len(clusters))
+    for members in by_company.values():
+        for other in members[1:]:
+            finder.union(members[0], other)
+    joined: dict[int, list[NameGroup]] = defaultdict(list)
+    for index, cluster in enumerate(clusters):
+        joined[finder.find(index)].extend(cluster)
+    return list(joined.values())
+
+
 def _seen_key(row: dict[str, Any]) -> tuple:
     seen = row.get("first_seen")
     return (0, seen.timestamp()) if seen is not None else (1, 0.0)
 
 
 def _alias_key(entity_type: str, name: str) -> str:
-    if entity_type == ORGANIZATION:
-        return organisation_key(name)
-    if entity_type == ROLE:
-        return office_key(name)
-    return fold(name)
+    key_of = {ORGANIZATION: organisation_key, ROLE: office_key, METRIC: metric_key, NUMERIC: numeric_key,
+              PRODUCT: product_key}.get(entity_type, fold)
+    return key_of(name)
 
 
 def aliases_of(resolution: Resolution) -> Iterable[tuple[str, str]]:
