@@ -70,8 +70,32 @@ class _Facts:
         self.index = {event_id: i for i, event_id in enumerate(self.ids)}
 
 
-def _block_pairs(f: _Facts, members: np.ndarray, min_cosine: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(incoming, candidate, cosine) for one block, after the temporal and cosine filters."""
+def _top_k_columns(scores: np.ndarray, keys: np.ndarray, top_k: int) -> np.ndarray:
+    """Mask of the entries whose fact (key) is among each row's top_k facts by best score.
+
+    `scores` is rows x candidates with -inf where a candidate does not qualify; ties between
+    facts break on the smaller key, as the final ranking does."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    best = np.maximum.reduceat(scores[:, order], starts, axis=1)  # rows x facts, facts in key order
+    if best.shape[1] > top_k:
+        threshold = -np.partition(-best, top_k - 1, axis=1)[:, top_k - 1][:, None]
+        above = best > threshold
+        tied = best == threshold
+        slots = top_k - above.sum(axis=1, keepdims=True)
+        chosen = above | (tied & (np.cumsum(tied, axis=1) <= slots))
+    else:
+        chosen = np.ones_like(best, dtype=bool)
+    chosen &= np.isfinite(best)
+    fact_of_column = np.empty(len(keys), dtype=np.int64)
+    fact_of_column[order] = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(keys)]))
+    return chosen[:, fact_of_column] & np.isfinite(scores)
+
+
+def _block_pairs(f: _Facts, members: np.ndarray, min_cosine: float, top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(incoming, candidate, cosine) for one block, after the temporal and cosine filters, with
+    the DYNAMIC candidates already cut to each incoming event's top_k facts in this block."""
     members = members[np.argsort(f.start[members], kind="stable")]
     dynamic = members[f.dynamic[members]]
     static = members[~f.dynamic[members]]
@@ -89,6 +113,8 @@ def _block_pairs(f: _Facts, members: np.ndarray, min_cosine: float) -> tuple[np.
             starts, ends = dyn_start[:reach][None, :], dyn_end[:reach][None, :]
             keep = (((starts <= xs) & (ends >= xs)) | ((starts >= xs) & (starts <= xe))) & (cosine >= min_cosine)
             keep &= rows[:, None] != columns[None, :]
+            if keep.any():
+                keep = _top_k_columns(np.where(keep, cosine, -np.inf), f.key[columns], top_k)
             r, c = np.nonzero(keep)
             found_x.append(rows[r])
             found_c.append(columns[c])
@@ -122,6 +148,13 @@ def _frame(f: _Facts, found: list[tuple[np.ndarray, ...]]) -> pl.DataFrame:
     return pl.DataFrame({"incoming": incoming, "candidate": candidate, "cosine": cosine,
                          "candidate_dynamic": f.dynamic[candidate], "key": f.key[candidate].astype(np.int64),
                          "block": block, "predicate_group": group}, schema=_FOUND_SCHEMA)
+
+
+def _deduplicated(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per (incoming, candidate): the best cosine, and the smallest block for the audit."""
+    return frame.group_by(["incoming", "candidate"]).agg(
+        pl.col("cosine").max(), pl.col("candidate_dynamic").first(), pl.col("key").first(),
+        pl.col("block").min(), pl.col("predicate_group").min())
 
 
 def _top_k(frame: pl.DataFrame, top_k: int) -> pl.DataFrame:
@@ -158,44 +191,41 @@ def select_candidates(facts: pa.Table, links: pa.Table, min_cosine: float = 0.5,
         .filter(pl.col("idx").list.len() > 1)
         .sort(["canonical_id", "predicate_group"])
     )
-    block_entities = blocks["canonical_id"].to_list()
-    selected = pl.DataFrame(schema=_FOUND_SCHEMA)
+    block_entities = np.asarray(blocks["canonical_id"].to_list(), dtype=object)
+    pruned: list[pl.DataFrame] = []
     pending: list[tuple[np.ndarray, ...]] = []
     pending_rows = 0
     for block, (group, members) in enumerate(blocks.select(["predicate_group", "idx"]).iter_rows()):
-        found = _block_pairs(f, np.asarray(members, dtype=np.int64), min_cosine)
+        found = _block_pairs(f, np.asarray(members, dtype=np.int64), min_cosine, top_k)
         if len(found[0]):
             pending.append((*found, np.full(len(found[0]), block, dtype=np.int64), np.full(len(found[0]), group, dtype=np.int8)))
             pending_rows += len(found[0])
-        if pending_rows > PRUNE_EVERY or (block == len(block_entities) - 1 and pending):
-            # pruning a partial union is exact too: all restatements of a fact share its blocks
-            selected = _top_k(pl.concat([selected, _frame(f, pending)]).group_by(["incoming", "candidate"]).agg(
-                pl.col("cosine").max(), pl.col("candidate_dynamic").first(), pl.col("key").first(),
-                pl.col("block").min(), pl.col("predicate_group").min()), top_k)
+        if pending and (pending_rows > PRUNE_EVERY or block == len(block_entities) - 1):
+            # Pruning a partial union is exact (all restatements of a fact share its blocks), so
+            # each batch is ranked on its own and the survivors once more at the end.
+            pruned.append(_top_k(_deduplicated(_frame(f, pending)), top_k))
             pending, pending_rows = [], 0
-    if selected.is_empty():
+    if not pruned:
         return PAIRS_SCHEMA.empty_table()
-    selected = selected.with_columns(
-        pl.col("block").map_elements(lambda b: block_entities[b], return_dtype=pl.String).alias("shared_entity_id"))
+    selected = _top_k(_deduplicated(pl.concat(pruned)), top_k)
     incoming, candidate = selected["incoming"].to_numpy(), selected["candidate"].to_numpy()
     older_candidate = f.dynamic[candidate] & (f.start[candidate] < f.start[incoming])
     later_candidate = f.dynamic[incoming] & (f.start[candidate] > f.start[incoming])
     primary = np.concatenate([candidate[older_candidate], incoming[later_candidate]])
     secondary = np.concatenate([incoming[older_candidate], candidate[later_candidate]])
-    extra = selected.select(["cosine", "shared_entity_id", "predicate_group"])
+    extra = selected.select(["cosine", "block", "predicate_group"])
     extra = pl.concat([extra.filter(pl.Series(older_candidate)), extra.filter(pl.Series(later_candidate))])
     still_open = (f.end_or_never[primary] == _NEVER) | (f.start[secondary] < f.end_or_never[primary])
     pairs = (
         extra.with_columns(primary=pl.Series(primary), secondary=pl.Series(secondary), keep=pl.Series(still_open))
         .filter(pl.col("keep"))
-        .group_by(["primary", "secondary"]).agg(pl.col("cosine").max(), pl.col("shared_entity_id").min(),
-                                                pl.col("predicate_group").min())
+        .group_by(["primary", "secondary"]).agg(pl.col("cosine").max(), pl.col("block").min(), pl.col("predicate_group").min())
+        .sort(["primary", "secondary"])  # indices follow event_id order
     )
-    table = pa.table({
-        "primary_event_id": pa.array(f.ids[pairs["primary"].to_numpy()].tolist(), pa.string()),
-        "secondary_event_id": pa.array(f.ids[pairs["secondary"].to_numpy()].tolist(), pa.string()),
+    return pa.table({
+        "primary_event_id": pa.array(f.ids[pairs["primary"].to_numpy()], pa.string()),
+        "secondary_event_id": pa.array(f.ids[pairs["secondary"].to_numpy()], pa.string()),
         "cosine": pa.array(pairs["cosine"].to_numpy(), pa.float32()),
-        "shared_entity_id": pa.array(pairs["shared_entity_id"].to_list(), pa.string()),
+        "shared_entity_id": pa.array(block_entities[pairs["block"].to_numpy()], pa.string()),
         "predicate_group": pa.array(pairs["predicate_group"].to_numpy(), pa.int8()),
     }, schema=PAIRS_SCHEMA)
-    return table.sort_by([("primary_event_id", "ascending"), ("secondary_event_id", "ascending")])
