@@ -356,3 +356,18 @@ def test_runs_as_a_separate_process():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_http_control_endpoints_reset_and_configure():
+    import httpx
+
+    with OpenAICompatibleServer(latency_s=0.0) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        client.embeddings.create(model="text-embedding-3-small", input=["a"], dimensions=8)
+        assert httpx.post(f"{server.url}/_reset").json()["requests"]["embeddings"] == 1
+        assert server.stats().total_requests == 0
+        changed = httpx.post(f"{server.url}/_configure", json={"p_500": 1.0, "seed": 2}).json()
+        assert changed["p_500"] == 1.0
+        with pytest.raises(openai.InternalServerError):
+            client.embeddings.create(model="text-embedding-3-small", input=["a"], dimensions=8)
+        assert httpx.post(f"{server.url}/_configure", json={"nonsense": 1}).status_code == 400

@@ -6,6 +6,8 @@ and ``GET /v1/models`` in the OpenAI wire format, while behaving like a real
 provider: per-request latency, a concurrency limit answered with HTTP 429 +
 ``Retry-After``, injected faults (random or scripted), token accounting with
 simulated prompt caching, and counters readable from Python or ``GET /_stats``.
+A server in another process is controlled over HTTP: ``POST /_reset`` zeroes the
+counters, ``POST /_configure`` with a JSON object changes provider settings.
 
     with OpenAICompatibleServer(responder=my_responder, latency_s=0.3) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="test")
@@ -627,6 +629,8 @@ class OpenAICompatibleServer:
                 Route("/v1/models", self._list_models, methods=["GET"]),
                 Route("/v1/models/{model:path}", self._get_model, methods=["GET"]),
                 Route("/_stats", self._get_stats, methods=["GET"]),
+                Route("/_reset", self._post_reset, methods=["POST"]),
+                Route("/_configure", self._post_configure, methods=["POST"]),
             ],
             exception_handlers={HTTPException: self._http_exception},
         )
@@ -996,6 +1000,45 @@ class OpenAICompatibleServer:
 
     async def _get_stats(self, request: Request) -> Response:
         return JSONResponse(self.stats().to_dict())
+
+    @staticmethod
+    async def _json_object(request: Request) -> dict[str, Any] | None:
+        """The request body as a JSON object ({} when empty), or None when it is not one."""
+        try:
+            value = json.loads(await request.body() or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    async def _post_reset(self, request: Request) -> Response:
+        """``POST /_reset``: zero the counters; ``{"prompt_cache": true}`` also forgets cached prefixes,
+        ``{"faults": true}`` drops scripted faults. Answers the counters as they were before."""
+        options = await self._json_object(request)
+        if options is None:
+            return _error(400, "POST /_reset takes a JSON object (or no body).", "invalid_request_error")
+        before = self.stats().to_dict()
+        self.reset_stats()
+        if options.get("prompt_cache"):
+            self.clear_prompt_cache()
+        if options.get("faults"):
+            self.clear_faults()
+        return JSONResponse(before)
+
+    async def _post_configure(self, request: Request) -> Response:
+        """``POST /_configure`` with a JSON object of ``ProviderSettings`` fields (and ``seed``),
+        e.g. ``{"p_429": 0.2, "p_500": 0.05, "latency_s": 0.3, "seed": 1}``; answers the new settings."""
+        changes = await self._json_object(request)
+        if changes is None:
+            return _error(400, "POST /_configure takes a JSON object of provider settings.", "invalid_request_error")
+        known = {f.name for f in dataclasses.fields(ProviderSettings)} | {"seed"}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            return _error(400, f"unknown setting(s) {unknown}; expected some of {sorted(known)}", "invalid_request_error")
+        try:
+            settings = self.configure(**changes)
+        except (TypeError, ValueError) as exc:
+            return _error(400, f"invalid settings: {exc}", "invalid_request_error")
+        return JSONResponse(dataclasses.asdict(settings))
 
     async def _http_exception(self, request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
