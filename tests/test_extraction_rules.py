@@ -90,6 +90,22 @@ def test_guidance_becomes_a_dynamic_fact_that_can_be_revised():
         ("TARGETS", "Helio FY2024 revenue guidance", "$1.35 billion")]
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("For the full year 2024, we are raising our revenue guidance by $50 million to $1.40 billion.",
+     ["Helio's FY2024 revenue guidance is $1.40 billion."]),
+    ("For the full year 2024, we are raising our revenue guidance by approximately $50 million.", []),
+    ("For the full year 2024, we expect revenue to grow more than $80 million over 2023.", []),
+])
+def test_a_guidance_change_is_not_the_guided_level(text, expected):
+    """'by $X to $Y' guides $Y; 'by $X' alone is a change, not a level a later call could revise."""
+    from tkg.models import Chunk
+
+    chunk = Chunk(chunk_id="c", transcript_id="t", company="HLIO", chunk_index=0, kind="speech", section="Presentation",
+                  speaker="Marcus J. Ortega", start=0, end=10, text=text)
+    statements = OfflineExtractor().extract_statements([chunk], HLIO)[0]
+    assert [s.statement for s in statements if s.statement.startswith("Helio's ")] == expected
+
+
 def test_appointments_carry_their_effective_date():
     extractor = OfflineExtractor()
     from tkg.models import Chunk

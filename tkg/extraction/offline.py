@@ -34,7 +34,7 @@ from tkg.names import company_for_name
 from tkg.parsing import parse_participant_sections
 from tkg.roles import ROLE_START, parse_offices
 
-RULES_VERSION = "offline-rules-1"
+RULES_VERSION = "offline-rules-2"
 
 _SKIP = re.compile(
     r"^(?:thank|thanks|good (?:morning|afternoon|evening|day)|hi\b|hello|okay|ok\b|yes\b|no\b|sure\b|great\.|"
@@ -163,6 +163,19 @@ def _money_text(value: str) -> str:
     return " ".join(value.replace("$ ", "$").split())
 
 
+# 'raising revenue guidance by $1.3 billion to $61.3 billion': the amount after 'by' is a change.
+_CHANGE_GAP = re.compile(rf"(?i:\bby|\bgrow(?:s|th)?|\bup)\s+{_APPROX}$")
+_LEVEL_AFTER_CHANGE = re.compile(rf"{_AMOUNT}\s+(?i:to)\s+{_APPROX}(?P<level>{_RANGE})")
+
+
+def _guidance_level(sentence: str, match: re.Match) -> str | None:
+    """The guided level of a GUIDANCE match: the level after 'by <change> to', None for a change alone."""
+    if not _CHANGE_GAP.search(sentence[match.end("metric"):match.start("value")]):
+        return _money_text(match["value"])
+    after = _LEVEL_AFTER_CHANGE.match(sentence, match.start("value"))
+    return _money_text(after["level"]) if after else None
+
+
 class OfflineExtractor:
     """Rule-based `Extractor`; see the module docstring for what it finds."""
 
@@ -224,11 +237,12 @@ class OfflineExtractor:
         derived = []
         if (match := GUIDANCE.search(sentence)) and "?" not in sentence:
             period = PeriodResolver(context).find(sentence, forward=True)
-            if period is not None:
+            level = _guidance_level(sentence, match)
+            if period is not None and level is not None:
                 metric = " ".join(match["metric"].lower().split())
                 metric = re.sub(r"^(?:full[- ]year|quarterly|total)\s+", "", metric)
                 derived.append(RawStatement(
-                    statement=f"{context.short_name}'s {period.label} {metric} guidance is {_money_text(match['value'])}.",
+                    statement=f"{context.short_name}'s {period.label} {metric} guidance is {level}.",
                     statement_type=StatementType.FACT, temporal_type=TemporalType.DYNAMIC))
         if match := APPOINTMENT.search(sentence):
             person, role = match["person"] or match["person2"], match["role"] or match["role2"]
@@ -304,9 +318,9 @@ class OfflineExtractor:
         period = resolver.find(text, forward=forward) or (None if forward else resolver.shift(0))
         period_label = f" {period.label}" if period else ""
         if statement.statement_type == StatementType.PREDICTION:
-            if match := GUIDANCE.search(text):
+            if (match := GUIDANCE.search(text)) and (level := _guidance_level(text, match)) is not None:
                 metric = self._metric_entity(builder, context, match["metric"], period_label)
-                builder.triplet(company(), Predicate.TARGETS, metric, _money_text(match["value"]))
+                builder.triplet(company(), Predicate.TARGETS, metric, level)
         else:
             if match := REVENUE.search(text):
                 segment = SEGMENT.search(text)
