@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
+from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Optional
@@ -45,6 +47,7 @@ def build(
     since: Annotated[Optional[str], typer.Option(help="Only calls on or after this date (YYYY-MM-DD)")] = None,
     until: Annotated[Optional[str], typer.Option(help="Only calls on or before this date (YYYY-MM-DD)")] = None,
     home: HOME_OPTION = None,
+    workers: Annotated[int, typer.Option(min=1, help="Partitions materialised at once, each run in its own process")] = 1,
 ) -> None:
     """Materialise every partition of the source, then resolution, invalidation and the warehouse."""
     home = _configure(home, source)
@@ -56,7 +59,6 @@ def build(
 
     from tkg.sources import load_source, quarter_start
     from tkg_assets.definitions import defs
-    from tkg_assets.partitions import partition_key
 
     loaded = load_source(source)
     wanted = {c.upper() for c in company or []}
@@ -78,22 +80,22 @@ def build(
     console.print(f"building {len(rows)} calls in {len(keys)} partitions from {loaded.name} into {home}")
     console.print(f"extraction: {defs.resources['extraction'].describe()}")
 
+    if workers > 1:
+        # The request limit is per process: split it so that all workers together keep to it.
+        total = int(os.environ.get("TKG_MAX_IN_FLIGHT", "16"))
+        os.environ["TKG_MAX_IN_FLIGHT"] = str(max(1, total // workers))
     instance = dg.DagsterInstance.get()
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the progress bar says enough
-    ingest = defs.resolve_job_def("ingest_partition")
     failed: list[str] = []
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("partitions", total=len(keys))
-        for ticker, quarter in keys:
-            key = partition_key(ticker, quarter)
-            progress.update(task, description=f"partition {key}")
-            result = ingest.execute_in_process(partition_key=key, instance=instance, raise_on_error=False, run_config=quiet)
-            if not result.success:
-                failed.append(str(key))
+        for key, success in _ingest(keys, workers, instance):
+            if not success:
+                failed.append(key)
+            progress.update(task, description=f"partition {key} {'done' if success else 'FAILED'}")
             progress.advance(task)
         progress.update(task, description="resolution, invalidation, warehouse")
-        refresh = defs.resolve_job_def("refresh_graph").execute_in_process(instance=instance, raise_on_error=False, run_config=quiet)
+        refresh = defs.resolve_job_def("refresh_graph").execute_in_process(instance=instance, raise_on_error=False, run_config=_QUIET)
     elapsed = time.perf_counter() - started
     if failed:
         console.print(f"[red]{len(failed)} partition(s) failed: {', '.join(failed)}; see `tkg dev` for the run logs[/]")
@@ -104,6 +106,50 @@ def build(
     console.print(f"done in {elapsed:.1f}s: {home / 'tkg.duckdb'}")
     if failed:
         raise typer.Exit(1)
+
+
+_QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the progress bar says enough
+
+
+def _ingest(keys: list[tuple[str, date]], workers: int, instance) -> Iterator[tuple[str, bool]]:
+    """Run the ingest_partition job once per (ticker, quarter), yielding (key, success) as runs end.
+    With workers > 1 the runs go to a pool of spawned processes sharing DAGSTER_HOME, as
+    `dagster dev`'s run workers do."""
+    if workers == 1:
+        for ticker, quarter in keys:
+            yield _ingest_one(ticker, quarter, instance)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_ingest_one, ticker, quarter): f"{ticker}|{quarter}" for ticker, quarter in keys}
+        for future in as_completed(futures):
+            try:
+                yield future.result()
+            except Exception as error:  # a worker process died: the other partitions carry on
+                console.print(f"[red]partition {futures[future]}: worker failed: {error!r}[/]")
+                yield futures[future], False
+
+
+@functools.cache
+def _worker_instance():
+    import dagster as dg
+
+    return dg.DagsterInstance.get()
+
+
+def _ingest_one(ticker: str, quarter: date, instance=None) -> tuple[str, bool]:
+    import logging
+
+    from tkg_assets.definitions import defs
+    from tkg_assets.partitions import partition_key
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    key = partition_key(ticker, quarter)
+    result = defs.resolve_job_def("ingest_partition").execute_in_process(
+        partition_key=key, instance=instance or _worker_instance(), raise_on_error=False, run_config=_QUIET)
+    return str(key), result.success
 
 
 def _warehouse_path(home: Path) -> Path:
