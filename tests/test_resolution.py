@@ -177,3 +177,40 @@ def test_an_all_initials_form_does_not_split_a_nickname_off():
 def test_typed_keys(entity_type, a, b, expected):
     table = mentions((entity_type, a), (entity_type, b))
     assert same(table, resolve_entities(table), a, b) is expected
+
+
+def _names_from_corpus() -> list[str]:
+    from tests.conftest import CORPUS
+    from tkg.companies import get_company
+    from tkg.parsing import parse_transcript
+    from tkg.sources import load_source
+
+    if not CORPUS.exists():
+        return []
+    return sorted({p.name.strip() for row in load_source(str(CORPUS)).rows
+                   for p in parse_transcript(row, get_company(row.company)).participants if p.name.strip()})
+
+
+TRICKY_NAMES = ["Lisa T. Su", "Dr. Lisa Su", "Lisa Su, Ph.D.", "Mark Van Dyke", "Mark May", "Dean Smith", "Chief Smith",
+                "John Smith Jr.", "Jen-Hsun Huang", "Maria de la Cruz", "R.J.M. Dassen", "Peter T. F. M. Wennink",
+                "Smith, John", "Sir John Smith", "Bob and Alice Smith", "Ann Marie Smith"]
+
+
+def test_person_names_split_as_nameparser_splits_them():
+    """The fast path for plain names gives exactly nameparser's first/middle/last, on tricky names
+    and on every participant of the real corpus (when present)."""
+    import re
+
+    from nameparser import HumanName
+
+    from tkg.names import fold
+    from tkg.resolution import _name_parts
+
+    def tokens(given_and_last):
+        given, last = given_and_last
+        return tuple(fold(t) for t in re.split(r"[\s.\-]+", given) if fold(t)), fold(last)
+
+    names = TRICKY_NAMES + _names_from_corpus()
+    for name in names:
+        parsed = HumanName(name)
+        assert tokens(_name_parts(name)) == tokens((f"{parsed.first} {parsed.middle}", parsed.last)), name
