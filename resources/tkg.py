@@ -59,7 +59,8 @@ class ExtractionBackend(dg.ConfigurableResource):
     `backend`: 'offline' runs the rule-based extractor and judge with wordllama embeddings (no
     key, no network); 'openai' runs the prompts in prompts/ against OpenAI or any
     OpenAI-compatible server (`base_url`). Unset, it follows TKG_LLM, else 'openai' when
-    OPENAI_API_KEY is set, else 'offline'. Every unset field falls back to its TKG_* variable
+    OPENAI_API_KEY is set or a server is configured (`base_url` / OPENAI_BASE_URL), else
+    'offline'. Every unset field falls back to its TKG_* variable
     (see README). Chunking always uses the local wordllama embeddings: it embeds every
     sentence window and is not worth paying for.
     """
@@ -81,7 +82,7 @@ class ExtractionBackend(dg.ConfigurableResource):
         return replace(settings, **overrides)
 
     def resolved_backend(self) -> str:
-        return choose_backend(self.backend)
+        return choose_backend(self.backend, self.base_url)
 
     def _llm(self):
         from tkg.llm.extractor import open_cache, shared_client

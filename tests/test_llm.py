@@ -251,6 +251,22 @@ def test_code_version_follows_prompt_and_model():
     assert stage_fingerprint(base, "validity") == stage_fingerprint(replace(base, batch_size=1), "validity")
 
 
+def test_backend_follows_the_key_or_a_configured_server(monkeypatch):
+    from resources.tkg import ExtractionBackend
+
+    assert ExtractionBackend().resolved_backend() == "offline"
+    assert ExtractionBackend(base_url="http://127.0.0.1:8000/v1").resolved_backend() == "openai"
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
+    assert ExtractionBackend().resolved_backend() == "openai"
+    assert "openai-compatible at http://127.0.0.1:8000/v1" in ExtractionBackend().describe()
+    monkeypatch.setenv("TKG_LLM", "offline")  # an explicit choice wins
+    assert ExtractionBackend().resolved_backend() == "offline"
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    monkeypatch.delenv("TKG_LLM")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    assert ExtractionBackend().resolved_backend() == "openai"
+
+
 def test_a_partition_through_dagster_and_a_warm_rerun(fresh, tmp_path, monkeypatch, caplog):
     from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
     from tkg_assets.definitions import GLOBAL_ASSETS, PARTITIONED_ASSETS

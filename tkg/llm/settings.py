@@ -97,12 +97,17 @@ def settings_from_env() -> LLMSettings:
     )
 
 
-def choose_backend(explicit: str | None = None) -> str:
-    """'openai' or 'offline': TKG_LLM if set, else openai when OPENAI_API_KEY is set."""
+def choose_backend(explicit: str | None = None, base_url: str | None = None) -> str:
+    """'openai' or 'offline': TKG_LLM (or `explicit`) if set; else openai when OPENAI_API_KEY is
+    set or a server is configured (`base_url` or OPENAI_BASE_URL); else offline."""
     choice = (explicit or os.environ.get("TKG_LLM") or "").strip().lower()
     if not choice:
-        choice = "openai" if os.environ.get("OPENAI_API_KEY") else "offline"
-        reason = "OPENAI_API_KEY is set" if choice == "openai" else "no OPENAI_API_KEY and no TKG_LLM"
+        if os.environ.get("OPENAI_API_KEY"):
+            choice, reason = "openai", "OPENAI_API_KEY is set"
+        elif base_url or os.environ.get("OPENAI_BASE_URL"):
+            choice, reason = "openai", "an OpenAI-compatible server is configured (base_url / OPENAI_BASE_URL)"
+        else:
+            choice, reason = "offline", "no OPENAI_API_KEY, no OPENAI_BASE_URL and no TKG_LLM"
     else:
         reason = "TKG_LLM/explicit setting"
     if choice not in {"openai", "offline"}:
