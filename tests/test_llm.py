@@ -7,6 +7,7 @@ injects faults on demand; everything between tkg and the socket is the code unde
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -306,6 +307,32 @@ def test_a_partition_through_dagster_and_a_warm_rerun(fresh, tmp_path, monkeypat
     haystacks = [caplog.text, *records, *metadata, repr(dumped)]
     haystacks += [p.read_bytes().decode("latin-1") for p in home.rglob("*") if p.is_file()]
     assert not any(API_KEY in text for text in haystacks)
+
+
+def test_tkg_build_through_a_configured_server_then_warm(fresh, tmp_path):
+    """`tkg build --workers 2` on the sample with only OPENAI_BASE_URL set: every stage goes
+    over HTTP; the same build again makes 0 requests."""
+    home = tmp_path / "home"
+    env = {**os.environ, "TKG_HOME": str(home), "DAGSTER_HOME": str(home / "dagster_home"), "OPENAI_BASE_URL": fresh.base_url}
+    for name in ("OPENAI_API_KEY", "TKG_LLM", "TKG_EMBEDDINGS"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "tkg.cli", "build", "--workers", "2"]
+
+    cold = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    assert "openai-compatible at " + fresh.base_url in cold.stderr
+    requests = fresh.stats().requests
+    assert requests["responses"] > 0 and requests["embeddings"] > 0, requests
+    with duckdb.connect(str(home / "tkg.duckdb"), read_only=True) as connection:
+        stages = dict(connection.execute("SELECT stage, sum(requests) FROM llm_calls GROUP BY ALL").fetchall())
+        assert {"statements", "validity", "triplets", "embeddings"} <= set(stages)
+        assert sum(stages.values()) == fresh.stats().total_requests  # each request counted once
+        assert connection.execute("SELECT count(DISTINCT company) FROM facts").fetchone()[0] == 2
+
+    fresh.reset_stats()
+    warm = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert fresh.stats().total_requests == 0
 
 
 def test_random_429s_and_500s_lose_nothing(make, fresh, sample_call):
