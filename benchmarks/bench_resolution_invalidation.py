@@ -323,7 +323,11 @@ def run_resolution(sizes, args, universe, log) -> list[dict]:
         if n == sizes[-1]:
             row["tkg_profile"] = profile_resolution(mentions.table)
         rows.append(row)
-    # Fill in extrapolations that need the full series.
+    return _fill_extrapolations(rows, measured)
+
+
+def _fill_extrapolations(rows: list[dict], measured: dict[str, list[tuple[int, float]]]) -> list[dict]:
+    """Project the sides that were skipped at a size, from the full series of measured sizes."""
     for row in rows:
         for side, entry in row["sides"].items():
             if entry.get("extrapolated"):
@@ -435,13 +439,7 @@ def run_candidates(sizes, args, universe, log) -> list[dict]:
         if n == args.profile_size:
             row["tkg_query_profile"] = profile_candidate_query(facts, links, Path(os.environ.get("TMPDIR", "/tmp")) / f"tkg_profile_{os.getpid()}.json")
         rows.append(row)
-    for row in rows:
-        for side, entry in row["sides"].items():
-            if entry.get("extrapolated"):
-                fit = fit_power_law(measured[side][-3:])
-                entry["median_s"] = round(project(fit, row["size"]), 1) if fit else None
-                entry["fit"] = {"exponent": round(fit[1], 2), "points": measured[side][-3:]} if fit else None
-    return rows
+    return _fill_extrapolations(rows, measured)
 
 
 def _worker_candidates(directory: Path, repeat: int, long_run: float, memory_cap_gb: float) -> int:

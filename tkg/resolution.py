@@ -436,20 +436,13 @@ def cluster_groups(groups: list[NameGroup]) -> list[list[NameGroup]]:
         by_type[group.type].append(group)
     clusters: list[list[NameGroup]] = []
     for entity_type, typed in sorted(by_type.items()):
+        key_of = _KEY_OF.get(entity_type, fold)
         if entity_type == PERSON:
             index_clusters = _cluster_people(typed)
-        elif entity_type == ROLE:
-            index_clusters = _exact_clusters(typed, office_key)
-        elif entity_type == METRIC:
-            index_clusters = _exact_clusters(typed, metric_key)
-        elif entity_type == NUMERIC:
-            index_clusters = _exact_clusters(typed, numeric_key)
-        elif entity_type == ORGANIZATION:
-            index_clusters = _cluster_fuzzy(typed, organisation_key, organisations=True)
-        elif entity_type == PRODUCT:
-            index_clusters = _cluster_fuzzy(typed, product_key, organisations=False)
+        elif entity_type in EXACT_TYPES:
+            index_clusters = _exact_clusters(typed, key_of)
         else:
-            index_clusters = _cluster_fuzzy(typed, fold, organisations=False)
+            index_clusters = _cluster_fuzzy(typed, key_of, organisations=entity_type == ORGANIZATION)
         clusters.extend([typed[i] for i in members] for members in index_clusters)
     return clusters
 
@@ -499,8 +492,7 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     merges: dict[str, str] = {}
     for cluster in sorted(clusters, key=lambda c: (c[0].type, min(g.name for g in c))):
         entity_type = cluster[0].type
-        candidates = sorted({known_alias[(entity_type, _alias_key(entity_type, g.name))]
-                             for g in cluster if (entity_type, _alias_key(entity_type, g.name)) in known_alias})
+        candidates = sorted({known for g in cluster if (known := known_alias.get((entity_type, _alias_key(entity_type, g.name))))})
         members = list(range(len(cluster)))
         representative = cluster[_person_representative(cluster, members) if entity_type == PERSON else _medoid(cluster, members)]
         if candidates:
@@ -581,10 +573,13 @@ def _seen_key(row: dict[str, Any]) -> tuple:
     return (0, seen.timestamp()) if seen is not None else (1, 0.0)
 
 
+# The key two names of one type must share to be the same entity (or to match a known alias).
+_KEY_OF = {ORGANIZATION: organisation_key, ROLE: office_key, METRIC: metric_key, NUMERIC: numeric_key, PRODUCT: product_key}
+EXACT_TYPES = {ROLE, METRIC, NUMERIC}  # resolved by key equality alone, no fuzzy matching
+
+
 def _alias_key(entity_type: str, name: str) -> str:
-    key_of = {ORGANIZATION: organisation_key, ROLE: office_key, METRIC: metric_key, NUMERIC: numeric_key,
-              PRODUCT: product_key}.get(entity_type, fold)
-    return key_of(name)
+    return _KEY_OF.get(entity_type, fold)(name)
 
 
 def aliases_of(resolution: Resolution) -> Iterable[tuple[str, str]]:

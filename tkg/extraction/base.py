@@ -109,11 +109,8 @@ class StageStats:
         return delta
 
     def snapshot(self) -> "StageStats":
-        copy = StageStats(**{name: getattr(self, name) for name in
-                             ("requests", "cache_hits", "input_tokens", "cached_input_tokens", "output_tokens",
-                              "retries", "rate_limited", "reasks", "cost_usd")})
-        copy.dropped, copy.repaired, copy.latencies_ms = Counter(self.dropped), Counter(self.repaired), list(self.latencies_ms)
-        return copy
+        """A copy that later changes to this counter do not touch."""
+        return self.since(StageStats())
 
     def latency_percentile(self, q: float) -> float | None:
         if not self.latencies_ms:

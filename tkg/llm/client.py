@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -103,14 +102,6 @@ def _response_formats(schema: type[BaseModel]) -> tuple[dict[str, Any], dict[str
     return type_to_text_format_param(schema), type_to_response_format_param(schema)
 
 
-@dataclass
-class Completion:
-    text: str
-    input_tokens: int
-    cached_tokens: int
-    output_tokens: int
-
-
 class LLMClient:
     """Async OpenAI client on a private loop, with limiter, retries, re-ask and accounting."""
 
@@ -178,7 +169,8 @@ class LLMClient:
             raise RequestFailed(f"HTTP {error.status_code}: {error.message}") from error
         raise AssertionError("unreachable")
 
-    async def _complete(self, stage: str, prompt: RenderedPrompt, schema: type[BaseModel], stats: StageStats) -> Completion:
+    async def _complete(self, stage: str, prompt: RenderedPrompt, schema: type[BaseModel], stats: StageStats) -> str:
+        """The answer's text; its tokens and cost go into `stats`."""
         client, _ = self._ensure()
         model = self.settings.model(stage)
         extra: dict[str, Any] = {}
@@ -187,7 +179,7 @@ class LLMClient:
 
         text_format, chat_format = _response_formats(schema)
 
-        async def call() -> Completion:
+        async def call() -> str:
             stats.requests += 1
             if self.settings.api_mode == "chat":
                 response = await client.chat.completions.create(
@@ -210,7 +202,7 @@ class LLMClient:
             stats.cached_input_tokens += tokens[1]
             stats.output_tokens += tokens[2]
             stats.cost_usd += self.settings.cost_usd(model, *tokens)
-            return Completion(text, *tokens)
+            return text
 
         return await self._with_retries(stage, stats, call)
 
@@ -220,13 +212,13 @@ class LLMClient:
 
         Raises InvalidOutput (still unusable) or RequestFailed (transport gave up)."""
         try:
-            return parse((await self._complete(stage, prompt, schema, stats)).text)
+            return parse(await self._complete(stage, prompt, schema, stats))
         except InvalidOutput as error:
             stats.reasks += 1
             log.info("stage %s: re-asking once: %s", stage, error)
             retry = RenderedPrompt(prompt.instructions, f"{prompt.input}\n\nYour previous answer could not be used: {error}. "
                                    "Answer again with JSON that matches the schema exactly.", prompt.template_sha256)
-            return parse((await self._complete(stage, retry, schema, stats)).text)
+            return parse(await self._complete(stage, retry, schema, stats))
 
     async def embed(self, texts: list[str], stats: StageStats) -> np.ndarray:
         client, _ = self._ensure()

@@ -82,9 +82,8 @@ def shared_client(settings: LLMSettings, api_key: str | None) -> LLMClient:
 class _Stages:
     """Per-stage counters, and their rows for the llm_calls table."""
 
-    settings: LLMSettings
-
-    def __init__(self) -> None:
+    def __init__(self, client: LLMClient, cache: ResponseCache) -> None:
+        self.client, self.cache, self.settings = client, cache, client.settings
         self._stats: dict[str, StageStats] = {}
         self._reported: dict[str, StageStats] = {}
 
@@ -120,10 +119,6 @@ class LLMExtractor(_Stages):
     """`Extractor` over an OpenAI-compatible API."""
 
     name = "openai"
-
-    def __init__(self, client: LLMClient, cache: ResponseCache) -> None:
-        super().__init__()
-        self.client, self.cache, self.settings = client, cache, client.settings
 
     def settings_fingerprint(self, stage: str) -> str:
         return stage_fingerprint(self.settings, stage)
@@ -242,8 +237,7 @@ class OpenAIEmbedder(_Stages):
     """`Embedder` over the embeddings API, cached per text, batched per request."""
 
     def __init__(self, client: LLMClient, cache: ResponseCache) -> None:
-        super().__init__()
-        self.client, self.cache, self.settings = client, cache, client.settings
+        super().__init__(client, cache)
         self.dimension = self.settings.embedding_dimensions
         self.name = f"{self.settings.embedding_model}-{self.dimension}"
 
@@ -256,14 +250,12 @@ class OpenAIEmbedder(_Stages):
             if (cached := self.cache.get(key)) is not None:
                 stats.cache_hits += 1
                 vectors[index] = cached
-        misses = [i for i in range(len(texts)) if i not in vectors]
+        groups = _batches([i for i in range(len(texts)) if i not in vectors], self.settings.embedding_batch_size)
 
         async def run() -> list[np.ndarray]:
-            groups = _batches(misses, self.settings.embedding_batch_size)
             return list(await asyncio.gather(*(self.client.embed([texts[i] for i in group], stats) for group in groups)))
 
-        if misses:
-            groups = _batches(misses, self.settings.embedding_batch_size)
+        if groups:
             for group, matrix in zip(groups, self.client.run(run())):
                 for index, vector in zip(group, matrix):
                     vectors[index] = vector.tolist()
@@ -278,8 +270,7 @@ class LLMJudge(_Stages):
     uncached candidates, each verdict with a reason, cached per (primary, candidate) pair."""
 
     def __init__(self, client: LLMClient, cache: ResponseCache) -> None:
-        super().__init__()
-        self.client, self.cache, self.settings = client, cache, client.settings
+        super().__init__(client, cache)
         self.name = f"llm:{self.settings.model('judge')}"
 
     @staticmethod

@@ -91,10 +91,6 @@ class JudgeOut(BaseModel):
     verdicts: list[WireVerdict]
 
 
-class PlanOut(BaseModel):
-    research_tasks: list[str]
-
-
 def _load(text: str, key: str) -> list[Any]:
     """The list under `key` of a JSON object; tolerates a code fence around it."""
     stripped = re.sub(r"^\s*```(?:json)?\s*|\s*```\s*$", "", text or "")
@@ -196,9 +192,5 @@ def parse_verdicts(text: str, count: int, stats: StageStats) -> dict[int, tuple[
     return verdicts
 
 
-def parse_plan(text: str, stats: StageStats) -> list[str]:
-    return [str(task) for task in _load(text, "research_tasks") if str(task).strip()]
-
-
-__all__ = ["InvalidOutput", "StatementsOut", "ValidityOut", "TripletsOut", "JudgeOut", "PlanOut",
-           "parse_statements", "parse_validity", "parse_triplets", "parse_verdicts", "parse_plan", "repair_predicate"]
+__all__ = ["InvalidOutput", "StatementsOut", "ValidityOut", "TripletsOut", "JudgeOut",
+           "parse_statements", "parse_validity", "parse_triplets", "parse_verdicts", "repair_predicate"]
