@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tkg.candidates import select_candidates
+from tkg.candidates import exact_vectors, select_candidates
 
 NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
@@ -48,8 +48,12 @@ def random_graph(seed: int, events: int = 400, entities: int = 12):
 
 
 def brute_force(facts: pa.Table, links: pa.Table, min_cosine=0.5, top_k=10) -> set[tuple[str, str]]:
-    """REFERENCE 1.8 read literally, one incoming event at a time."""
+    """REFERENCE 1.8 read literally, one incoming event at a time; then, per primary and fact of
+    the secondary, only the earliest secondary (restatements of a fact ask the judge the same
+    question, and the earliest retirement wins)."""
     rows = {r["event_id"]: r for r in facts.to_pylist()}
+    # cosines of the unit embeddings as tkg rounds them (exact_vectors), in float64
+    vector = dict(zip(rows, exact_vectors(np.asarray([r["embedding"] for r in rows.values()])).astype(np.float64)))
     shared = defaultdict(set)
     for a in links.to_pylist():
         for b in links.to_pylist():
@@ -65,7 +69,7 @@ def brute_force(facts: pa.Table, links: pa.Table, min_cosine=0.5, top_k=10) -> s
                 overlaps = xs <= c["valid_at"] <= xe
             else:
                 overlaps = (c["valid_at"] <= xs and (c["invalid_at"] or NEVER) >= xs) or xs <= c["valid_at"] <= xe
-            cosine = float(np.dot(x["embedding"], c["embedding"]))
+            cosine = float(vector[x_id] @ vector[c_id])
             if overlaps and cosine >= min_cosine:
                 scored.append((c, cosine))
         for kind in ("STATIC", "DYNAMIC"):
@@ -85,7 +89,13 @@ def brute_force(facts: pa.Table, links: pa.Table, min_cosine=0.5, top_k=10) -> s
                     continue
                 if primary["invalid_at"] is None or secondary["valid_at"] < primary["invalid_at"]:
                     pairs.add((primary["event_id"], secondary["event_id"]))
-    return pairs
+    earliest: dict[tuple[str, str], dict] = {}
+    for primary_id, secondary_id in pairs:
+        secondary = rows[secondary_id]
+        slot = (primary_id, secondary["fact_key"])
+        if slot not in earliest or (secondary["valid_at"], secondary_id) < (earliest[slot]["valid_at"], earliest[slot]["event_id"]):
+            earliest[slot] = secondary
+    return {(primary_id, secondary["event_id"]) for (primary_id, _), secondary in earliest.items()}
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -102,3 +112,59 @@ def test_does_not_depend_on_row_order():
     facts, links = random_graph(4)
     shuffled = facts.take(np.random.default_rng(0).permutation(facts.num_rows))
     assert select_candidates(facts, links).equals(select_candidates(shuffled, links))
+
+
+def test_chunks_and_packed_blocks_match_the_literal_reading(monkeypatch):
+    """Chunk and batch boundaries inside blocks change nothing: the same graph with tiny chunks
+    (many products per block, many blocks per product) gives the literal reading's pairs."""
+    import tkg.candidates as candidates
+
+    facts, links = random_graph(5, events=300, entities=6)
+    monkeypatch.setattr(candidates, "ROW_CHUNK", 7)
+    monkeypatch.setattr(candidates, "BATCH_ROWS", 40)
+    monkeypatch.setattr(candidates, "EXPAND_CHUNK", 5)
+    selected = select_candidates(facts, links)
+    assert set(zip(selected.column("primary_event_id").to_pylist(), selected.column("secondary_event_id").to_pylist())) == brute_force(facts, links)
+
+
+def test_exact_vectors_give_the_same_cosine_from_any_product():
+    rng = np.random.default_rng(7)
+    raw = rng.standard_normal((300, 256)).astype(np.float32)
+    raw[:40] = raw[40:80] + 1e-3 * rng.standard_normal((40, 256)).astype(np.float32)  # near-duplicates
+    raw[5] = 0
+    raw[6, 3] = np.nan
+    vectors = exact_vectors(raw)
+    whole = vectors @ vectors.T
+    pieces = np.vstack([vectors[i : i + 37] @ vectors[::-1].T[:, ::-1] for i in range(0, 300, 37)])
+    rowwise = np.einsum("ij,ij->i", vectors[np.arange(300)], vectors[np.arange(300)[::-1]])
+    assert np.array_equal(whole, pieces)
+    assert np.array_equal(np.diag(whole[:, ::-1]), rowwise)
+    with np.errstate(invalid="ignore"):
+        unit = raw / np.linalg.norm(raw.astype(np.float64), axis=1, keepdims=True)
+    finite = np.isfinite(unit).all(axis=1)
+    assert np.abs(whole[np.ix_(finite, finite)] - (unit[finite] @ unit[finite].T)).max() < 1e-3
+    assert not whole[5].any() and not whole[6].any()
+
+
+def test_identical_statements_tie_on_the_smaller_fact():
+    """Two facts stated with the same words tie on cosine; with top_k=1 the smaller key wins,
+    whatever the row order."""
+    day = datetime(2018, 1, 1, tzinfo=timezone.utc)
+    vector = np.ones(16, dtype=np.float32).tolist()
+    rows = [("x", "DYNAMIC", day.replace(month=6), "k-new"), ("a", "DYNAMIC", day, "k-b"), ("b", "DYNAMIC", day, "k-a")]
+    facts = pa.Table.from_pylist(
+        [{"event_id": e, "temporal_type": t, "valid_at": v, "invalid_at": None, "embedding": vector, "fact_key": k} for e, t, v, k in rows],
+        schema=pa.schema([("event_id", pa.string()), ("temporal_type", pa.string()), ("valid_at", pa.timestamp("us", tz="UTC")),
+                          ("invalid_at", pa.timestamp("us", tz="UTC")), ("embedding", pa.list_(pa.float32())), ("fact_key", pa.string())]))
+    links = pa.Table.from_pylist([{"event_id": e, "canonical_id": "org", "predicate_group": 1} for e, *_ in rows],
+                                 schema=pa.schema([("event_id", pa.string()), ("canonical_id", pa.string()), ("predicate_group", pa.int8())]))
+    for table in (facts, facts.take([2, 0, 1])):
+        pairs = select_candidates(table, links, top_k=1)
+        assert ("b", "x") in set(zip(pairs.column("primary_event_id").to_pylist(), pairs.column("secondary_event_id").to_pylist()))
+        assert "a" not in pairs.column("primary_event_id").to_pylist()
+
+
+def test_no_facts_or_links_give_no_pairs():
+    facts, links = random_graph(1, events=20)
+    assert select_candidates(facts.slice(0, 0), links).num_rows == 0
+    assert select_candidates(facts, links.slice(0, 0)).num_rows == 0
