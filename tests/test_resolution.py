@@ -193,7 +193,8 @@ def _names_from_corpus() -> list[str]:
 
 TRICKY_NAMES = ["Lisa T. Su", "Dr. Lisa Su", "Lisa Su, Ph.D.", "Mark Van Dyke", "Mark May", "Dean Smith", "Chief Smith",
                 "John Smith Jr.", "Jen-Hsun Huang", "Maria de la Cruz", "R.J.M. Dassen", "Peter T. F. M. Wennink",
-                "Smith, John", "Sir John Smith", "Bob and Alice Smith", "Ann Marie Smith"]
+                "Smith, John", "Sir John Smith", "Bob and Alice Smith", "Ann Marie Smith", "S.T. Sacconaghi",
+                "Kyle P. McNealy", "C.J. Muse", "A. M. Sacconaghi", "Mary MacDonald", "Dr. J.T. Kirk", "J.P. Morgan Jr."]
 
 
 def test_person_names_split_as_nameparser_splits_them():

@@ -11,13 +11,16 @@ from cleanco import basename
 from tkg.companies import Company, load_companies
 
 
+_PUNCTUATION = re.compile(r"[^\w\s]")
+
+
 @lru_cache(maxsize=262144)
 def fold(text: str) -> str:
     """Lower-case, strip accents and punctuation, collapse spaces: 'Crédit  Suisse,' -> 'credit suisse'."""
-    text = unicodedata.normalize("NFKD", text)
-    text = "".join(ch for ch in text if not unicodedata.combining(ch))
-    text = re.sub(r"[^\w\s]", " ", text.lower())
-    return " ".join(text.split())
+    if not text.isascii():  # ASCII has nothing to decompose
+        text = unicodedata.normalize("NFKD", text)
+        text = "".join(ch for ch in text if not unicodedata.combining(ch))
+    return " ".join(_PUNCTUATION.sub(" ", text.lower()).split())
 
 
 @lru_cache(maxsize=65536)

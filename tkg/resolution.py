@@ -87,7 +87,9 @@ class PersonName:
 # 'Lisa Su', 'Colette M. Kress', 'Jen-Hsun Huang': capitalised words and initials, nothing
 # nameparser would read as a title, suffix, particle or conjunction. nameparser (about 0.5 ms a
 # name) splits these as first / middle / last by position, so they skip it.
-_PLAIN_PERSON = re.compile(r"[A-Z][a-z]+(?:-[A-Z][a-z]+)?(?: (?:[A-Z]\.|[A-Z][a-z]+(?:-[A-Z][a-z]+)?)){0,2} [A-Z][a-z]+")
+_GIVEN = r"[A-Z][a-z]+(?:-[A-Z][a-z]+)?"
+# 'Colette M. Kress', 'S.T. Sacconaghi', 'Kyle P. McNealy': nameparser splits these at the last space
+_PLAIN_PERSON = re.compile(rf"(?:{_GIVEN}|(?:[A-Z]\.)+)(?: (?:[A-Z]\.|{_GIVEN})){{0,2}} (?:Mc|Mac)?[A-Z][a-z]+")
 
 
 @lru_cache(maxsize=1)
@@ -404,10 +406,11 @@ def _group_mentions(mentions: pa.Table) -> list[NameGroup]:
     if organisations.height:
         exploded = organisations.select("group", "row").explode("row")
         vectors = _mean_embeddings(mentions.column("embedding"), exploded["row"].to_numpy(), exploded["group"].to_numpy())
+    columns = grouped.select(["type", "name", "entity_id", "description", "first_seen", "last_seen"]).to_dict(as_series=False)
     return [
         NameGroup(type=entity_type, name=name, mention_ids=ids, descriptions=descriptions, embedding=vectors.get(index),
                   first_seen=first, last_seen=last)
-        for index, (entity_type, name, ids, _, descriptions, first, last) in enumerate(grouped.iter_rows())
+        for index, (entity_type, name, ids, descriptions, first, last) in enumerate(zip(*columns.values()))
     ]
 
 
@@ -418,15 +421,17 @@ def _mean_embeddings(column: pa.ChunkedArray, rows: np.ndarray, groups: np.ndarr
     width = int(lengths.max()) if len(lengths) else 0
     if width == 0:
         return {}
-    present = lengths == width
+    present = lengths == width  # rows with the longest length: at least one
     matrix = np.asarray(pc.list_flatten(picked.filter(pa.array(present))).to_numpy(zero_copy_only=False),
                         dtype=np.float32).reshape(-1, width)
-    means: dict[int, np.ndarray] = {}
-    for group in np.unique(groups[present]):
-        total = matrix[groups[present] == group].sum(axis=0)
-        norm = np.linalg.norm(total)
-        means[int(group)] = total / norm if norm else total
-    return means
+    # one pass: rows sorted by group, summed per run (not a scan of all rows per group)
+    groups = groups[present]
+    order = np.argsort(groups, kind="stable")
+    starts = np.flatnonzero(np.r_[True, groups[order][1:] != groups[order][:-1]])
+    totals = np.add.reduceat(matrix[order], starts, axis=0)
+    norms = np.linalg.norm(totals, axis=1)
+    return {int(group): total / norm if norm else total
+            for group, total, norm in zip(groups[order][starts], totals, norms)}
 
 
 def cluster_groups(groups: list[NameGroup]) -> list[list[NameGroup]]:
