@@ -44,14 +44,16 @@ RESULTS = HERE / "results" / "resolution_invalidation.json"
 
 
 def _clear_tkg_caches() -> None:
-    """Per-name memo caches start cold for every timed run (the registry, the nickname table and
-    the wordllama model, loaded once per process, stay loaded)."""
+    """Every per-name memo cache starts cold for every timed run (the registry, the nickname
+    table and the wordllama model, loaded once per process, stay loaded: caches of size 1)."""
     import tkg.names
     import tkg.resolution
+    import tkg.roles
 
-    tkg.resolution.parse_person.cache_clear()
-    tkg.resolution._nickname_match.cache_clear()
-    tkg.names.organisation_key.cache_clear()
+    for module in (tkg.names, tkg.resolution, tkg.roles):
+        for value in vars(module).values():
+            if callable(getattr(value, "cache_clear", None)) and value.cache_info().maxsize != 1:
+                value.cache_clear()
 
 
 def timed_runs(fn, repeat: int, long_run: float, before=None):
@@ -594,14 +596,14 @@ def markdown(report: dict) -> str:
                   "| function | calls | own s | cumulative s |", "|---|---:|---:|---:|"]
         lines += [f"| {r['function']} | {r['calls']} | {r['own_s']} | {r['cumulative_s']} |" for r in largest["tkg_profile"]]
     lines += ["", "### Invalidation candidate selection", "",
-              ("| events | FACT events | tkg select_candidates | seed per-event loop | tkg / seed time | pairs tkg / seed "
+              ("| events | FACT events | tkg select_candidates | seed per-event loop | seed / tkg time | pairs tkg / seed "
               "| primaries tkg / seed | earliest-retirer recall tkg / seed | retirement P / R tkg | retirement P / R seed |"),
               "|---:|---:|---:|---:|---:|---|---|---|---|---|"]
     for row in report["candidates"]:
         tkg, seed = row["sides"].get("tkg", {}), row["sides"].get("seed", {})
         pr = lambda e: f"{e.get('retirement_precision')} / {e.get('retirement_recall')}" if e.get("pairs") is not None else "n/a"
         lines.append(f"| {row['size']:,} | {row['fact_events']:,} | {fmt_time(tkg)} | {fmt_time(seed)} | "
-                     f"{ratio(row, 'tkg', 'seed')} | {tkg.get('pairs', 'n/a')} / {seed.get('pairs', 'n/a')} | "
+                     f"{ratio(row, 'seed', 'tkg')} | {tkg.get('pairs', 'n/a')} / {seed.get('pairs', 'n/a')} | "
                      f"{tkg.get('distinct_primaries', 'n/a')} / {seed.get('distinct_primaries', 'n/a')} | "
                      f"{tkg.get('candidate_recall_earliest_retirer', 'n/a')} / {seed.get('candidate_recall_earliest_retirer', 'n/a')} | "
                      f"{pr(tkg)} | {pr(seed)} |")

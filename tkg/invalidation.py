@@ -7,9 +7,10 @@ before 2016, or a missed call added last, gives the same `invalid_at`, `invalida
 (the LLM judge) or cheap (the rule judge), so the recompute does not repay for old pairs.
 
 Candidate selection (`tkg.candidates`) blocks events by shared canonical entity and predicate
-group, sweeps each block in time and scores cosines as matrix products; ranking is polars set
-operations. Then one judge request per primary event covers all its candidates (1:N). When
-several events retire the same one, the earliest wins.
+group, sweeps each block in time and scores cosines as matrix products; of a fact restated
+every quarter, a primary event is paired with the earliest restatement only (the only one
+that can win). Then one judge request per primary event covers all its candidates (1:N).
+When several events retire the same one, the earliest wins.
 """
 
 from __future__ import annotations
