@@ -51,6 +51,8 @@ BATCH_ROWS = 256  # small blocks are packed into one product up to this many eve
 EXPAND_CHUNK = 4096  # pairs whose cosines are computed at once (gathers that stay in cache)
 _NEVER = np.iinfo(np.int64).max
 QUANTUM = 2**11  # embedding components are rounded to multiples of 1 / QUANTUM (see exact_vectors)
+# the cores this process may run on (a container's share, not the host's count)
+WORKERS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 PAIRS_SCHEMA = pa.schema([
     ("primary_event_id", pa.string()), ("secondary_event_id", pa.string()), ("cosine", pa.float32()),
@@ -237,7 +239,7 @@ def _ranked(f: _Facts, blocks: pl.DataFrame, min_cosine: float, top_k: int) -> d
         first = last
     # numpy releases the GIL in the products, masks and reductions, so batches run on all
     # cores (BLAS on one thread each, not one per core per batch); map keeps their order
-    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=WORKERS) as pool:
         parts = [part for found in pool.map(lambda batch: _batch_ranks(f, members[batch], labels[batch], min_cosine, top_k), batches)
                  for part in found]
     if not parts:
@@ -281,7 +283,7 @@ def _cosines(f: _Facts, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if len(a) <= EXPAND_CHUNK:
         chunk(0)
     else:
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             list(pool.map(chunk, range(0, len(a), EXPAND_CHUNK)))
     return out
 
@@ -293,6 +295,7 @@ def _first_qualifying(f: _Facts, anchor: np.ndarray, pool: np.ndarray, position:
 
     Cosines are computed for each query's current candidate only; a failure passes the turn to
     the next one, and a candidate starting at or after the limit ends the search."""
+    position = position.copy()
     found = np.full(len(anchor), -1, dtype=np.int64)
     cosine = np.zeros(len(anchor), dtype=np.float32)
     open_ = np.flatnonzero(position < stop)
