@@ -477,24 +477,22 @@ class Universe:
                 self.products[ticker].append(identity)
 
     def _build_places_and_concepts(self) -> None:
-        self.places: list[Identity] = []
-        for canonical, variants in PLACES:
-            identity = self.add(Identity(f"loc:{simple_fold(canonical).replace(' ', '_')}", "Location", canonical,
-                                         descriptions=["A place named in an earnings call"]))
+        self.places = self._simple_identities(PLACES, "loc", "Location", "A place named in an earnings call", ".")
+        self.concepts = self._simple_identities(CONCEPTS, "oth", "Other", "A concept discussed in an earnings call", "-")
+
+    def _simple_identities(self, entries, prefix: str, entity_type: str, description: str, separator: str) -> list[Identity]:
+        """Identities with a canonical name and variants: all capitals (once `separator` is
+        dropped, as in 'U.S.' or 'AI') make an acronym, anything else an alias."""
+        identities = []
+        for canonical, variants in entries:
+            identity = self.add(Identity(f"{prefix}:{simple_fold(canonical).replace(' ', '_')}", entity_type, canonical,
+                                         descriptions=[description]))
             identity.add(canonical, "canonical")
             for variant in variants:
-                identity.add(variant, "acronym" if variant.replace(".", "").isupper() else "alias")
+                identity.add(variant, "acronym" if variant.replace(separator, "").isupper() else "alias")
             identity.variant_weight = {"canonical": 6, "alias": 2, "acronym": 2}
-            self.places.append(identity)
-        self.concepts: list[Identity] = []
-        for canonical, variants in CONCEPTS:
-            identity = self.add(Identity(f"oth:{simple_fold(canonical).replace(' ', '_')}", "Other", canonical,
-                                         descriptions=["A concept discussed in an earnings call"]))
-            identity.add(canonical, "canonical")
-            for variant in variants:
-                identity.add(variant, "acronym" if variant.replace("-", "").isupper() else "alias")
-            identity.variant_weight = {"canonical": 6, "alias": 2, "acronym": 2}
-            self.concepts.append(identity)
+            identities.append(identity)
+        return identities
 
     def _drop_ambiguous_surfaces(self) -> int:
         owners: dict[tuple[str, str], list[Identity]] = defaultdict(list)

@@ -46,6 +46,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from threadpoolctl import threadpool_limits
 
+from tkg.embeddings import embedding_matrix, normalise_rows
+
 ROW_CHUNK = 512  # incoming events per matrix product in a large block
 BATCH_ROWS = 256  # small blocks are packed into one product up to this many events
 EXPAND_CHUNK = 4096  # pairs whose cosines are computed at once (gathers that stay in cache)
@@ -65,17 +67,6 @@ def _micros(column: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(values.fill_null(_NEVER).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _embeddings(column: pa.ChunkedArray) -> np.ndarray:
-    """The embeddings as an n x d float32 matrix, as stored."""
-    lists = column.combine_chunks()
-    lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
-    if len(lengths) == 0:
-        return np.zeros((0, 0), dtype=np.float32)
-    if (lengths != lengths[0]).any():
-        raise ValueError("events carry embeddings of different sizes; rebuild temporal_events with one embedder")
-    return np.asarray(lists.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(lengths), int(lengths[0]))
-
-
 def exact_vectors(embeddings: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """Unit vectors (zero rows stay zero) rounded to multiples of 1 / QUANTUM, as float32.
 
@@ -85,11 +76,8 @@ def exact_vectors(embeddings: np.ndarray, rows: np.ndarray | None = None) -> np.
     kernel, chunk or summation order computed it, and ties between near-identical statements
     break the same way in every run. The rounding moves a cosine by about 2e-4.
 
-    `rows`: take these rows, in this order (one copy either way)."""
-    vectors = np.array(embeddings, dtype=np.float32) if rows is None else np.asarray(embeddings, dtype=np.float32)[rows]
-    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))[:, None]
-    np.divide(vectors, norms, out=vectors, where=norms > 0)
-    vectors[~(np.isfinite(norms[:, 0]) & (norms[:, 0] > 0))] = 0  # zero or not finite: cosine 0 with all
+    `rows`: take these rows, in this order."""
+    vectors = normalise_rows(embeddings if rows is None else np.asarray(embeddings)[rows])
     vectors *= QUANTUM
     np.rint(vectors, out=vectors)
     vectors /= QUANTUM
@@ -106,7 +94,10 @@ class _Facts:
             return facts.column(name).take(order)
 
         self.ids = column("event_id").combine_chunks()
-        self.vectors = exact_vectors(_embeddings(facts.column("embedding")), order)
+        matrix, present = embedding_matrix(facts.column("embedding"))
+        if not present.all():
+            raise ValueError("some events carry no embedding or one of another size; rebuild temporal_events with one embedder")
+        self.vectors = exact_vectors(matrix, order)
         self.start = _micros(column("valid_at"))
         self.end_or_never = _micros(column("invalid_at"))
         self.bound = np.where(self.end_or_never == _NEVER, self.start, self.end_or_never)

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 
 class Embedder(Protocol):
@@ -24,12 +26,28 @@ class Embedder(Protocol):
 
 
 def normalise_rows(vectors: np.ndarray) -> np.ndarray:
-    """Scale each row to unit length (zero rows stay zero) so dot products are cosines."""
+    """Scale each row to unit length so dot products are cosines; a zero or non-finite row
+    becomes zero (a cosine of 0 with everything)."""
     vectors = np.asarray(vectors, dtype=np.float32)
     if vectors.ndim == 1:
         vectors = vectors[None, :]
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=np.isfinite(norms) & (norms > 0))
+
+
+def embedding_matrix(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of a list<float> column that carry an embedding, as a float32 matrix, and a
+    mask of those rows: the ones of the longest length (null or shorter rows are absent)."""
+    lists = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    width = int(lengths.max()) if len(lengths) else 0
+    present = (lengths == width) & (width > 0)
+    if not present.any():
+        return np.zeros((0, width), dtype=np.float32), present
+    if not present.all():
+        lists = lists.filter(pa.array(present))
+    matrix = np.asarray(lists.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, width)
+    return matrix, present
 
 
 @lru_cache(maxsize=2)

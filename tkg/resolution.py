@@ -37,13 +37,13 @@ from typing import Any, Iterable
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 from nameparser import HumanName
 from nicknames import NickNamer
 from rapidfuzz import fuzz, process
 
 from tkg import tables
 from tkg.companies import Company, load_companies
+from tkg.embeddings import embedding_matrix
 from tkg.names import company_for_name, fold, organisation_key
 from tkg.roles import parse_offices
 
@@ -416,14 +416,9 @@ def _group_mentions(mentions: pa.Table) -> list[NameGroup]:
 
 def _mean_embeddings(column: pa.ChunkedArray, rows: np.ndarray, groups: np.ndarray) -> dict[int, np.ndarray]:
     """Mean unit vector per group over the given mention rows that have an embedding."""
-    picked = column.take(pa.array(rows)).combine_chunks()
-    lengths = pc.fill_null(pc.list_value_length(picked), 0).to_numpy(zero_copy_only=False)
-    width = int(lengths.max()) if len(lengths) else 0
-    if width == 0:
+    matrix, present = embedding_matrix(column.take(pa.array(rows)))
+    if not present.any():
         return {}
-    present = lengths == width  # rows with the longest length: at least one
-    matrix = np.asarray(pc.list_flatten(picked.filter(pa.array(present))).to_numpy(zero_copy_only=False),
-                        dtype=np.float32).reshape(-1, width)
     # one pass: rows sorted by group, summed per run (not a scan of all rows per group)
     groups = groups[present]
     order = np.argsort(groups, kind="stable")
