@@ -179,7 +179,7 @@ def test_typed_keys(entity_type, a, b, expected):
     assert same(table, resolve_entities(table), a, b) is expected
 
 
-def _names_from_corpus() -> list[str]:
+def _participants_from_corpus() -> list:
     from tests.conftest import CORPUS
     from tkg.companies import get_company
     from tkg.parsing import parse_transcript
@@ -187,14 +187,19 @@ def _names_from_corpus() -> list[str]:
 
     if not CORPUS.exists():
         return []
-    return sorted({p.name.strip() for row in load_source(str(CORPUS)).rows
-                   for p in parse_transcript(row, get_company(row.company)).participants if p.name.strip()})
+    return [p for row in load_source(str(CORPUS)).rows for p in parse_transcript(row, get_company(row.company)).participants]
+
+
+def _names_from_corpus() -> list[str]:
+    return sorted({p.name.strip() for p in _participants_from_corpus() if p.name.strip()})
 
 
 TRICKY_NAMES = ["Lisa T. Su", "Dr. Lisa Su", "Lisa Su, Ph.D.", "Mark Van Dyke", "Mark May", "Dean Smith", "Chief Smith",
                 "John Smith Jr.", "Jen-Hsun Huang", "Maria de la Cruz", "R.J.M. Dassen", "Peter T. F. M. Wennink",
                 "Smith, John", "Sir John Smith", "Bob and Alice Smith", "Ann Marie Smith", "S.T. Sacconaghi",
-                "Kyle P. McNealy", "C.J. Muse", "A. M. Sacconaghi", "Mary MacDonald", "Dr. J.T. Kirk", "J.P. Morgan Jr."]
+                "Kyle P. McNealy", "C.J. Muse", "A. M. Sacconaghi", "Mary MacDonald", "Dr. J.T. Kirk", "J.P. Morgan Jr.",
+                "Dave O'Connor", "Ernest C. O'Connor", "Anthony Joseph DiClemente", "Kai S. DeYoung", "Ross Stuart MacMillan",
+                "Jean D'Arcy", "Mary O'Neil-Smith", "John DeLa Cruz", "Amy McD", "Tom O'", "Joe DiClemente III"]
 
 
 def test_person_names_split_as_nameparser_splits_them():
@@ -215,3 +220,47 @@ def test_person_names_split_as_nameparser_splits_them():
     for name in names:
         parsed = HumanName(name)
         assert tokens(_name_parts(name)) == tokens((f"{parsed.first} {parsed.middle}", parsed.last)), name
+
+
+def _key_test_names() -> list[str]:
+    """Metric- and amount-like names: registry names in every position and spelling, periods,
+    scales and units, punctuation, non-ASCII and control characters."""
+    from tkg.companies import load_companies
+
+    companies = [name for c in load_companies().values() for name in (c.name, c.ticker, *c.aliases)]
+    metrics = [f"{company} {metric} {period}" for company in companies
+               for metric in ("revenue", "gross margin guidance", "data-center revenue (GAAP)")
+               for period in ("Q3 2016", "FY2019", "")]
+    metrics += [f"{period} {metric} of {company}" for company in companies[:5] for metric in ("revenue",) for period in ("Q1 2017",)]
+    metrics += ["Intel Intel Corporation revenue", "advanced micro devices inc gross margin", "AMD AMD", "Intelligence revenue",
+                "Apple Apple Inc. iPhone units", "Intel-Corp revenue", "Micron Technology Micron", "", "  ", "revenue   Q3",
+                "Crédit Suisse revenue", "Ümsatz Q3", "x\tY revenue", "revenue\x1cQ3", "ＡＭＤ revenue", "İntel revenue"]
+    amounts = ["$15.8B", "$ 15.8 billion", "15.8 billion dollars", "15.8 Billion USD", "USD 3,400.5 mn", "us$3k", "10%",
+               "10 percent", "10 per cent", ".5%", "1,2,3", "3.5 M.", "  $4 ", "3 T", "0.1234567 billion", "12345678901",
+               "about $4 billion", "Revenue 2019", "€5 million", "5\u00a0million", "٣ million", "3 \u212a", "$", "1e6"]
+    return metrics + amounts
+
+
+def test_batched_keys_equal_the_one_name_keys():
+    """metric_keys/numeric_keys (polars, printable ASCII) give exactly metric_key/numeric_key."""
+    from tkg.resolution import metric_key, metric_keys, numeric_key, numeric_keys
+
+    names = _key_test_names()
+    assert metric_keys(names) == [metric_key(n) for n in names]
+    assert numeric_keys(names) == [numeric_key(n) for n in names]
+    assert metric_keys([]) == [] and numeric_keys([]) == []
+
+
+def test_legal_suffixes_stripped_exactly_as_cleanco_does():
+    """tkg.names.basename passes cleanco only the terms that can match: same result as cleanco's
+    own basename, on tricky names and every participant's firm in the real corpus (when present)."""
+    import cleanco
+
+    from tkg.names import basename
+
+    firms = {p.organization for p in _participants_from_corpus() if p.organization}
+    names = sorted(firms) + ["Foo Co Ltd", "ASML Holding N.V.", "Acme, Inc.", "Société Générale S.A.", "X GmbH & Co. KG", "Ltd",
+                             "", " ", "Co.", "Taiwan Semiconductor Manufacturing Company Limited", "The Home Depot, Inc.",
+                             "Ltd. Ltd.", "Inc Inc Inc", "Morgan Stanley, Research Division", "Credit Suisse AG", "Ørsted A/S",
+                             "B. Riley & Co., LLC", "Sanford C. Bernstein & Co., LLC.", "Nomura Securities Co. Ltd."]
+    assert [basename(n) for n in names] == [cleanco.basename(n) for n in names]

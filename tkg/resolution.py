@@ -29,14 +29,15 @@ import hashlib
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import lru_cache
+from itertools import groupby
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 from nameparser import HumanName
 from nicknames import NickNamer
 from rapidfuzz import fuzz, process
@@ -88,8 +89,10 @@ class PersonName:
 # nameparser would read as a title, suffix, particle or conjunction. nameparser (about 0.5 ms a
 # name) splits these as first / middle / last by position, so they skip it.
 _GIVEN = r"[A-Z][a-z]+(?:-[A-Z][a-z]+)?"
-# 'Colette M. Kress', 'S.T. Sacconaghi', 'Kyle P. McNealy': nameparser splits these at the last space
-_PLAIN_PERSON = re.compile(rf"(?:{_GIVEN}|(?:[A-Z]\.)+)(?: (?:[A-Z]\.|{_GIVEN})){{0,2}} (?:Mc|Mac)?[A-Z][a-z]+")
+# 'Colette M. Kress', 'S.T. Sacconaghi', "Dave O'Connor", 'Kai S. DeYoung': nameparser splits
+# these at the last space
+_SURNAME = r"[A-Z](?:[a-z]|'?[A-Z])*[a-z]"  # 'Su', 'McNealy', "O'Connor", 'DiClemente'
+_PLAIN_PERSON = re.compile(rf"(?:{_GIVEN}|(?:[A-Z]\.)+)(?: (?:[A-Z]\.|{_GIVEN})){{0,2}} {_SURNAME}")
 
 
 @lru_cache(maxsize=1)
@@ -213,6 +216,59 @@ def numeric_key(name: str) -> str:
     return f"{kind}:{value:.6g}"
 
 
+# --- typed keys for many names at once ------------------------------------------------------
+# Metrics and amounts are most of the distinct names (13k of 16k in 100k synthetic mentions),
+# and their keys cost ~10 us a name in Python. For names in printable ASCII (where Python's
+# and polars' lower-casing, \w, \s and \d agree) the same keys are computed in polars; other
+# names take the functions above. tests/test_resolution.py checks the two agree.
+_PRINTABLE_ASCII = r"^[\x20-\x7e]*$"
+_ASCII_FOLD = pl.col("name").str.to_lowercase().str.replace_all(r"[^a-z0-9_ ]", " ").str.replace_all(" +", " ").str.strip_chars(" ")
+
+
+def _batch(names: list[str], expression: pl.Expr, one: Callable[[str], str]) -> list[str]:
+    """`expression` over the printable-ASCII names (null: not computed), `one` for the rest."""
+    frame = pl.DataFrame({"name": names}, schema={"name": pl.String})
+    computed = frame.select(pl.when(pl.col("name").str.contains(_PRINTABLE_ASCII)).then(expression))[:, 0].to_list()
+    return [key if key is not None else one(name) for key, name in zip(computed, names)]
+
+
+def metric_keys(names: list[str]) -> list[str]:
+    """`metric_key` of each name."""
+    _, tickers = _company_names()
+    ordered = sorted(tickers, key=len, reverse=True)  # the regex's order: longest name first
+    # One space around every word, so ' intel ' matches a whole word even right after another.
+    spaced = pl.lit(" ") + _ASCII_FOLD.str.replace_all(" ", "  ") + pl.lit(" ")
+    replaced = spaced.str.replace_many([f" {'  '.join(n.split())} " for n in ordered], [f" {tickers[n]} " for n in ordered], leftmost=True)
+    words = replaced.str.replace_all(" +", " ").str.strip_chars(" ").str.split(" ")
+    return _batch(names, words.list.sort().list.join(" "), metric_key)
+
+
+def numeric_keys(names: list[str]) -> list[str]:
+    """`numeric_key` of each name."""
+    frame = pl.DataFrame({"name": names}, schema={"name": pl.String})
+    printable = pl.col("name").str.contains(_PRINTABLE_ASCII)
+    parts = frame.select(pl.when(printable).then(pl.col("name").str.strip_chars()).str.extract_groups(f"(?i){_AMOUNT.pattern}")).unnest("name")
+    unit = pl.col("unit").str.to_lowercase().fill_null("")
+    amounts = parts.select(
+        (pl.col("number").str.replace_all(",", "").cast(pl.Float64)
+         * pl.col("scale").str.to_lowercase().replace_strict(_SCALE, default=1.0, return_dtype=pl.Float64).fill_null(1.0)).alias("value"),
+        pl.when((pl.col("dollar").fill_null("") != "") | unit.is_in(["dollars", "usd"])).then(pl.lit("usd"))
+        .when(unit.is_in(["%", "percent", "per cent"])).then(pl.lit("pct")).otherwise(pl.lit("num")).alias("kind"),
+    )
+    return [f"{kind}:{value:.6g}" if value is not None else numeric_key(name)
+            for kind, value, name in zip(amounts["kind"].to_list(), amounts["value"].to_list(), names)]
+
+
+def typed_keys(types: list[str], names: list[str]) -> list[str]:
+    """`_alias_key` of each (type, name), metrics and amounts computed together."""
+    keys: list[str | None] = [None] * len(names)
+    for entity_type, batch in ((METRIC, metric_keys), (NUMERIC, numeric_keys)):
+        positions = [i for i, t in enumerate(types) if t == entity_type]
+        for position, key in zip(positions, batch([names[i] for i in positions])):
+            keys[position] = key
+    return [key if key is not None else _alias_key(t, n) for key, t, n in zip(keys, types, names)]
+
+
 @lru_cache(maxsize=262144)
 def product_key(name: str) -> str:
     """'Intel Xeon' and 'Xeon': the maker's name in front does not make another product."""
@@ -225,24 +281,87 @@ def registry_id(company: Company) -> str:
     return f"cmp_{company.ticker}"
 
 
-# --- clustering ------------------------------------------------------------------------------
+# --- name groups -----------------------------------------------------------------------------
 
 
 @dataclass
-class NameGroup:
-    """All mentions sharing one (type, exact name): the unit that clustering works on."""
+class NameGroups:
+    """Every distinct (type, name) of the mentions, sorted by type then name, as columns: the
+    unit clustering works on. `rows` maps each mention with a name to its group.
 
-    type: str
-    name: str
-    mention_ids: list[str] = field(default_factory=list)
-    descriptions: list[str] = field(default_factory=list)
-    embedding: np.ndarray | None = None
-    first_seen: datetime | None = None
-    last_seen: datetime | None = None
+    Description sets and embeddings are read on demand (`evidence`): they only ever settle
+    organisation names whose spellings extend each other, a few dozen in 100k mentions.
+    """
 
-    @property
-    def count(self) -> int:
-        return len(self.mention_ids)
+    types: list[str]
+    names: list[str]
+    counts: list[int]
+    descriptions: list[str | None]  # the first non-empty description, in mention order
+    keys: list[str]  # the typed key (see _alias_key)
+    seen: pl.DataFrame  # first_seen, last_seen per group
+    rows: pl.DataFrame  # row, entity_id, group
+    mentions: pa.Table
+    _members: tuple[np.ndarray, np.ndarray] | None = None
+    _width: int | None = None
+    _evidence: dict[int, tuple[frozenset[str], np.ndarray | None]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def evidence(self, group: int) -> tuple[frozenset[str], np.ndarray | None]:
+        """The distinct descriptions of a group's mentions, and their mean unit embedding."""
+        if group not in self._evidence:
+            self._evidence[group] = self._read_evidence(group)
+        return self._evidence[group]
+
+    def _read_evidence(self, group: int) -> tuple[frozenset[str], np.ndarray | None]:
+        if self._members is None:
+            ordered = self.rows.sort("group", maintain_order=True)
+            self._members = ordered["row"].to_numpy(), np.searchsorted(ordered["group"].to_numpy(), np.arange(len(self) + 1))
+        rows, starts = self._members
+        taken = self.mentions.select(["description", "embedding"]).take(pa.array(rows[starts[group] : starts[group + 1]]))
+        descriptions = frozenset(d for d in taken.column("description").to_pylist() if d)
+        matrix, _ = embedding_matrix(taken.column("embedding"))
+        if not len(matrix) or matrix.shape[1] != self._embedding_width():
+            return descriptions, None
+        total = matrix.sum(axis=0)
+        norm = np.linalg.norm(total)
+        return descriptions, total / norm if norm else total
+
+    def _embedding_width(self) -> int:
+        """The embedding length of this build (rows of another length are left out, as in embedding_matrix)."""
+        if self._width is None:
+            self._width = int(pc.max(pc.list_value_length(self.mentions.column("embedding"))).as_py() or 0)
+        return self._width
+
+
+def _group_mentions(mentions: pa.Table) -> NameGroups:
+    """Mentions by (type, exact name), whitespace collapsed; mentions without a name are left out."""
+    frame = (
+        pl.from_arrow(mentions.select(["entity_id", "name", "type", "description", "seen_at"]))
+        .with_row_index("row")
+        .with_columns(pl.col("name").str.replace_all(" {2,}", " ").str.strip_chars(" "), pl.col("type").fill_null("Other"))
+        .filter(pl.col("name").str.len_chars() > 0)
+    )
+    described = pl.col("description").filter(pl.col("description").is_not_null() & (pl.col("description") != ""))
+    grouped = (
+        frame.group_by(["type", "name"])
+        .agg(pl.len().alias("count"), described.first().alias("description"),
+             pl.col("seen_at").min().alias("first_seen"), pl.col("seen_at").max().alias("last_seen"))
+        .sort(["type", "name"])
+        .with_row_index("group")
+    )
+    rows = frame.select(["row", "entity_id", "type", "name"]).join(
+        grouped.select(["type", "name", "group"]), on=["type", "name"], how="left", maintain_order="left")
+    types, names = grouped["type"].to_list(), grouped["name"].to_list()
+    return NameGroups(
+        types=types, names=names, counts=grouped["count"].to_list(), descriptions=grouped["description"].to_list(),
+        keys=typed_keys(types, names),
+        seen=grouped.select(["first_seen", "last_seen"]), rows=rows.select(["row", "entity_id", "group"]), mentions=mentions,
+    )
+
+
+# --- clustering ------------------------------------------------------------------------------
 
 
 class _UnionFind:
@@ -261,10 +380,10 @@ class _UnionFind:
             self.parent[max(root_a, root_b)] = min(root_a, root_b)
 
 
-def _cluster_people(groups: list[NameGroup]) -> list[list[int]]:
+def _cluster_people(names: list[str], counts: list[int]) -> list[list[int]]:
     """Anchor clustering within surname blocks: the most complete names found clusters, and a
     name joins the first cluster all of whose members it matches."""
-    parsed = [parse_person(g.name) for g in groups]
+    parsed = [parse_person(name) for name in names]
     blocks: dict[str, list[int]] = defaultdict(list)
     clusters: list[list[int]] = []
     for index, person in enumerate(parsed):
@@ -273,7 +392,7 @@ def _cluster_people(groups: list[NameGroup]) -> list[list[int]]:
         else:
             blocks[person.last].append(index)
     for members in blocks.values():
-        members.sort(key=lambda i: (-parsed[i].informativeness[0], -parsed[i].informativeness[1], -groups[i].count, groups[i].name))
+        members.sort(key=lambda i: (-parsed[i].informativeness[0], -parsed[i].informativeness[1], -counts[i], names[i]))
         block_clusters: list[list[int]] = []
         for index in members:
             for cluster in block_clusters:
@@ -292,11 +411,14 @@ def _extends(short: str, long: str) -> bool:
     return long_words[: len(short_words)] == short_words and all(w in GENERIC_ORG_WORDS for w in long_words[len(short_words):])
 
 
-def _cluster_fuzzy(groups: list[NameGroup], key_of, organisations: bool) -> list[list[int]]:
-    """Fuzzy clustering within blocks (first key token, and acronym for organisations), scored
-    with rapidfuzz.process.cdist on all cores rather than pair loops in Python."""
-    keys = [key_of(g.name) for g in groups]
-    finder = _UnionFind(len(groups))
+def _cluster_fuzzy(keys: list[str], agree: Callable[[int, int], bool] | None = None) -> list[list[int]]:
+    """Fuzzy clustering of keys within blocks (first key token, and acronym for organisations),
+    scored with rapidfuzz.process.cdist on all cores rather than pair loops in Python.
+
+    `agree` is given for organisations only: it turns on acronym matching and settles names
+    that extend each other ('Micron' / 'Micron Memory') on their descriptions."""
+    organisations = agree is not None
+    finder = _UnionFind(len(keys))
     # Exact keys first: 'Intel Corp.' and 'Intel Corporation' share the key 'intel'.
     by_key: dict[str, int] = {}
     for index, key in enumerate(keys):
@@ -336,41 +458,101 @@ def _cluster_fuzzy(groups: list[NameGroup], key_of, organisations: bool) -> list
                 finder.union(members[a], members[b])
             elif organisations and partial[a, b] >= EXTENSION_THRESHOLD:
                 short, long = sorted((one, other), key=len)
-                if _extends(short, long) or _descriptions_agree(groups[members[a]], groups[members[b]]):
+                if _extends(short, long) or agree(members[a], members[b]):
                     finder.union(members[a], members[b])
     clusters: dict[int, list[int]] = defaultdict(list)
-    for index in range(len(groups)):
+    for index in range(len(keys)):
         clusters[finder.find(index)].append(index)
     return list(clusters.values())
 
 
-def _descriptions_agree(a: NameGroup, b: NameGroup) -> bool:
+def _descriptions_agree(groups: NameGroups, a: int, b: int) -> bool:
     """Description embeddings settle names that extend each other ('Micron' / 'Micron Memory'),
     unless both descriptions are the same boilerplate (then they say nothing)."""
-    if a.embedding is None or b.embedding is None or set(a.descriptions) == set(b.descriptions):
+    (descriptions_a, vector_a), (descriptions_b, vector_b) = groups.evidence(a), groups.evidence(b)
+    if vector_a is None or vector_b is None or descriptions_a == descriptions_b:
         return False
-    return float(np.dot(a.embedding, b.embedding)) >= DESCRIPTION_COSINE
+    return float(np.dot(vector_a, vector_b)) >= DESCRIPTION_COSINE
 
 
-def _medoid(groups: list[NameGroup], members: list[int]) -> int:
-    """The member with the highest summed similarity to the others, weighted by mentions."""
-    if len(members) == 1:
-        return members[0]
-    names = [fold(groups[i].name) for i in members]
-    scores = process.cdist(names, names, scorer=fuzz.ratio, workers=-1 if len(names) > 256 else 1)
-    weights = np.array([groups[i].count for i in members], dtype=np.float64)
-    totals = scores @ weights
-    best = max(range(len(members)), key=lambda j: (totals[j], groups[members[j]].count, len(names[j]), groups[members[j]].name))
-    return members[best]
+def _representatives(groups: NameGroups, clusters: list[list[int]]) -> list[int]:
+    """Each cluster's representative group: for people the most complete spelling; otherwise
+    the medoid, the member with the highest summed similarity to the others weighted by
+    mentions, ties going to the more frequent, then the longer, then the later name.
+
+    The similarities of all clusters are scored in one `cpdist` call. Each product of a
+    float32 score and a count is exact in float64, and so are the short sums, so the totals
+    are the same whatever order they are added in."""
+    names, counts = groups.names, groups.counts
+    chosen = [members[0] for members in clusters]
+    left: list[int] = []
+    right: list[int] = []
+    scored: list[int] = []
+    for number, members in enumerate(clusters):
+        if len(members) == 1:
+            continue
+        if groups.types[members[0]] == PERSON:
+            chosen[number] = _person_representative(names, counts, members)
+        elif len(members) == 2:
+            # The totals are 100*w1 + r*w2 and r*w1 + 100*w2: with r < 100 the more frequent
+            # name wins, with equal counts (or r = 100) they tie. Either way the tie-break decides.
+            chosen[number] = max(members, key=lambda g: (counts[g], len(fold(names[g])), names[g]))
+        else:
+            scored.append(number)
+            for position, a in enumerate(members):  # every pair, and each name with itself
+                left.extend([a] * (len(members) - position))
+                right.extend(members[position:])
+    if scored:
+        folded = {g: fold(names[g]) for g in set(left)}
+        scores = process.cpdist([folded[g] for g in left], [folded[g] for g in right], scorer=fuzz.ratio, workers=-1).astype(np.float64)
+        weights = np.asarray(counts, dtype=np.float64)
+        left_index, right_index = np.asarray(left), np.asarray(right)
+        off_diagonal = left_index != right_index
+        totals = np.bincount(left_index, scores * weights[right_index], minlength=len(names))
+        totals += np.bincount(right_index[off_diagonal], (scores * weights[left_index])[off_diagonal], minlength=len(names))
+        for number in scored:
+            chosen[number] = max(clusters[number], key=lambda g: (totals[g], counts[g], len(folded[g]), names[g]))
+    return chosen
 
 
-def _person_representative(groups: list[NameGroup], members: list[int]) -> int:
+def _person_representative(names: list[str], counts: list[int], members: list[int]) -> int:
     """The most complete spelling ('Robert H. Swan' over 'Bob Swan'), then the most frequent."""
     def rank(i: int) -> tuple:
-        person = parse_person(groups[i].name)
+        person = parse_person(names[i])
         full = person.informativeness if person else (0, 0)
-        return (full[1], full[0], groups[i].count, groups[i].name)
+        return (full[1], full[0], counts[i], names[i])
     return max(members, key=rank)
+
+
+def cluster_groups(groups: NameGroups) -> list[list[int]]:
+    """Clusters of group indices that denote the same entity, type by type."""
+    clusters: list[list[int]] = []
+    start = 0
+    for entity_type, run in groupby(groups.types):
+        stop = start + sum(1 for _ in run)
+        names, keys = groups.names[start:stop], groups.keys[start:stop]
+        if entity_type == PERSON:
+            local = _cluster_people(names, groups.counts[start:stop])
+        elif entity_type in EXACT_TYPES:
+            local = _exact_clusters(keys)
+        elif entity_type == ORGANIZATION:
+            local = _cluster_fuzzy(keys, agree=lambda a, b, offset=start: _descriptions_agree(groups, offset + a, offset + b))
+        else:
+            local = _cluster_fuzzy(keys)
+        clusters.extend([start + i for i in members] for members in local)
+        start = stop
+    return clusters
+
+
+def _exact_clusters(keys: list[str]) -> list[list[int]]:
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for index, key in enumerate(keys):
+        by_key[key].append(index)
+    return list(by_key.values())
+
+
+def _new_id(entity_type: str, name: str) -> str:
+    return "ent_" + hashlib.sha256(f"{entity_type}\x1f{fold(name)}".encode()).hexdigest()[:16]
 
 
 # --- the resolver ----------------------------------------------------------------------------
@@ -384,87 +566,9 @@ class Resolution:
     path: Path | None = None
 
 
-def _group_mentions(mentions: pa.Table) -> list[NameGroup]:
-    """One NameGroup per (type, exact name), with the mean description embedding."""
-    frame = (
-        pl.from_arrow(mentions.select(["entity_id", "name", "type", "description", "seen_at"]))
-        .with_row_index("row")
-        .with_columns(pl.col("name").str.split(" ").list.eval(pl.element().filter(pl.element() != "")).list.join(" "),
-                      pl.col("type").fill_null("Other"))
-        .filter(pl.col("name").str.len_chars() > 0)
-    )
-    grouped = (
-        frame.group_by(["type", "name"], maintain_order=True)
-        .agg(pl.col("entity_id"), pl.col("row"),
-             pl.col("description").filter(pl.col("description").is_not_null() & (pl.col("description") != "")).unique(maintain_order=True),
-             pl.col("seen_at").min().alias("first_seen"), pl.col("seen_at").max().alias("last_seen"))
-        .sort(["type", "name"])
-    )
-    # Description embeddings only ever settle organisation names (see _descriptions_agree).
-    organisations = grouped.with_row_index("group").filter(pl.col("type") == ORGANIZATION)
-    vectors: dict[int, np.ndarray] = {}
-    if organisations.height:
-        exploded = organisations.select("group", "row").explode("row")
-        vectors = _mean_embeddings(mentions.column("embedding"), exploded["row"].to_numpy(), exploded["group"].to_numpy())
-    columns = grouped.select(["type", "name", "entity_id", "description", "first_seen", "last_seen"]).to_dict(as_series=False)
-    return [
-        NameGroup(type=entity_type, name=name, mention_ids=ids, descriptions=descriptions, embedding=vectors.get(index),
-                  first_seen=first, last_seen=last)
-        for index, (entity_type, name, ids, descriptions, first, last) in enumerate(zip(*columns.values()))
-    ]
-
-
-def _mean_embeddings(column: pa.ChunkedArray, rows: np.ndarray, groups: np.ndarray) -> dict[int, np.ndarray]:
-    """Mean unit vector per group over the given mention rows that have an embedding."""
-    matrix, present = embedding_matrix(column.take(pa.array(rows)))
-    if not present.any():
-        return {}
-    # one pass: rows sorted by group, summed per run (not a scan of all rows per group)
-    groups = groups[present]
-    order = np.argsort(groups, kind="stable")
-    starts = np.flatnonzero(np.r_[True, groups[order][1:] != groups[order][:-1]])
-    totals = np.add.reduceat(matrix[order], starts, axis=0)
-    norms = np.linalg.norm(totals, axis=1)
-    return {int(group): total / norm if norm else total
-            for group, total, norm in zip(groups[order][starts], totals, norms)}
-
-
-def cluster_groups(groups: list[NameGroup]) -> list[list[NameGroup]]:
-    """Clusters of name groups that denote the same entity, type by type."""
-    by_type: dict[str, list[NameGroup]] = defaultdict(list)
-    for group in groups:
-        by_type[group.type].append(group)
-    clusters: list[list[NameGroup]] = []
-    for entity_type, typed in sorted(by_type.items()):
-        key_of = _KEY_OF.get(entity_type, fold)
-        if entity_type == PERSON:
-            index_clusters = _cluster_people(typed)
-        elif entity_type in EXACT_TYPES:
-            index_clusters = _exact_clusters(typed, key_of)
-        else:
-            index_clusters = _cluster_fuzzy(typed, key_of, organisations=entity_type == ORGANIZATION)
-        clusters.extend([typed[i] for i in members] for members in index_clusters)
-    return clusters
-
-
-def _exact_clusters(groups: list[NameGroup], key_of) -> list[list[int]]:
-    by_key: dict[str, list[int]] = defaultdict(list)
-    for index, group in enumerate(groups):
-        by_key[key_of(group.name)].append(index)
-    return list(by_key.values())
-
-
-def _new_id(entity_type: str, name: str) -> str:
-    return "ent_" + hashlib.sha256(f"{entity_type}\x1f{fold(name)}".encode()).hexdigest()[:16]
-
-
-def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Resolution:
-    """Resolve all mentions; `previous` is the last canonical registry (ids and names kept)."""
-    counts: Counter = Counter()
-    groups = _group_mentions(mentions)
-    clusters = cluster_groups(groups)
-
-    # Who already has an id: the registry companies, then the previous run's canonicals.
+def _known_canonicals(previous: pa.Table | None) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], str]]:
+    """Who already has an id: the registry companies, then the previous run's canonicals; and
+    each of their aliases' (type, key)."""
     known_alias: dict[tuple[str, str], str] = {}
     prior: dict[str, dict[str, Any]] = {}
     for company in load_companies().values():
@@ -483,18 +587,26 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
                 continue
             for alias in row.get("aliases") or [row["name"]]:
                 known_alias.setdefault((row["type"], _alias_key(row["type"], alias)), row["canonical_id"])
+    return prior, known_alias
 
-    clusters = _join_registry_clusters(clusters, known_alias, prior)
-    canonical_rows: dict[str, dict[str, Any]] = {}
-    mapped_ids: list[str] = []
-    mapped_canonicals: list[str] = []
-    mapped_methods: list[str] = []
+
+def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Resolution:
+    """Resolve all mentions; `previous` is the last canonical registry (ids and names kept)."""
+    counts: Counter = Counter()
+    groups = _group_mentions(mentions)
+    prior, known_alias = _known_canonicals(previous)
+    known = [known_alias.get(pair) for pair in zip(groups.types, groups.keys)]
+    # clusters in (type, first name) order: groups are sorted by type and name
+    clusters = sorted(_join_registry_clusters(cluster_groups(groups), known, prior), key=min)
+
+    names = groups.names
+    columns: dict[str, list] = defaultdict(list)
+    methods: list[str] = []
+    taken: set[str] = set()
     merges: dict[str, str] = {}
-    for cluster in sorted(clusters, key=lambda c: (c[0].type, min(g.name for g in c))):
-        entity_type = cluster[0].type
-        candidates = sorted({known for g in cluster if (known := known_alias.get((entity_type, _alias_key(entity_type, g.name))))})
-        members = list(range(len(cluster)))
-        representative = cluster[_person_representative(cluster, members) if entity_type == PERSON else _medoid(cluster, members)]
+    for members, representative in zip(clusters, _representatives(groups, clusters)):
+        entity_type = groups.types[members[0]]
+        candidates = sorted({known[g] for g in members} - {None})
         if candidates:
             # The oldest known canonical survives; the others are recorded as merged into it.
             candidates.sort(key=lambda cid: (prior[cid]["source"] != "registry", _seen_key(prior[cid]), cid))
@@ -507,64 +619,81 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
             name = prior[canonical_id]["name"]
             method = "registry" if prior[canonical_id]["source"] == "registry" else "existing"
         else:
-            canonical_id, name, method = _new_id(entity_type, representative.name), representative.name, "new"
-        if canonical_id in canonical_rows:
+            canonical_id, name, method = _new_id(entity_type, names[representative]), names[representative], "new"
+        if canonical_id in taken:
             counts["clusters_sharing_a_canonical"] += 1
-            canonical_id, name, method = _new_id(entity_type, representative.name + "#" + canonical_id), representative.name, "split"
-        aliases = sorted({g.name for g in cluster} | set(prior.get(canonical_id, {}).get("aliases") or []))
-        firsts = [g.first_seen for g in cluster if g.first_seen is not None]
-        lasts = [g.last_seen for g in cluster if g.last_seen is not None]
-        canonical_rows[canonical_id] = {
-            "canonical_id": canonical_id, "name": name, "type": entity_type,
-            "description": (prior.get(canonical_id) or {}).get("description") or (representative.descriptions[0] if representative.descriptions else ""),
-            "aliases": aliases, "mention_count": sum(g.count for g in cluster),
-            "first_seen": min(firsts) if firsts else None, "last_seen": max(lasts) if lasts else None,
-            "merged_into": None, "source": "registry" if method == "registry" else "mentions",
-        }
-        for group in cluster:
-            mapped_ids.extend(group.mention_ids)
-            mapped_canonicals.extend([canonical_id] * group.count)
-            mapped_methods.extend([method if group.name == name else f"{method}:alias"] * group.count)
-        counts[f"clusters_{method}"] += 1
+            canonical_id, name, method = _new_id(entity_type, names[representative] + "#" + canonical_id), names[representative], "split"
+        taken.add(canonical_id)
+        known_row = prior.get(canonical_id) or {}
+        aliases = [names[g] for g in members]
+        columns["canonical_id"].append(canonical_id)
+        columns["name"].append(name)
+        columns["type"].append(entity_type)
+        columns["description"].append(known_row.get("description") or groups.descriptions[representative] or "")
+        columns["aliases"].append(sorted(set(aliases).union(known_row["aliases"]) if known_row.get("aliases") else aliases))
+        columns["source"].append("registry" if method == "registry" else "mentions")
+        methods.append(method)
+    counts.update(f"clusters_{method}" for method in methods)
 
     # Canonicals that still exist from earlier runs stay in the registry (never deleted).
+    kept = []
     for canonical_id, row in prior.items():
-        if canonical_id in canonical_rows:
+        if canonical_id in taken:
             continue
-        kept = {column: row.get(column) for column in tables.CANONICAL_ENTITIES.names}
-        kept["mention_count"] = 0
-        kept["merged_into"] = merges.get(canonical_id, row.get("merged_into"))
-        canonical_rows[canonical_id] = kept
-    counts["canonical_entities"] = sum(1 for r in canonical_rows.values() if not r["merged_into"])
-    counts["mentions"] = len(mapped_ids)
+        row = {column: row.get(column) for column in tables.CANONICAL_ENTITIES.names}
+        row["mention_count"] = 0
+        row["merged_into"] = merges.get(canonical_id, row.get("merged_into"))
+        kept.append(row)
+    cluster_of = np.empty(len(groups), dtype=np.int64)  # group -> its cluster's number
+    if clusters:
+        cluster_of[np.concatenate(clusters)] = np.repeat(np.arange(len(clusters)), [len(members) for members in clusters])
+    canonical_entities = pa.concat_tables([_cluster_table(columns, groups, cluster_of), tables.to_table(kept, tables.CANONICAL_ENTITIES)])
+    counts["canonical_entities"] = len(clusters) + sum(1 for row in kept if not row["merged_into"])
     counts["merges_recorded"] = len(merges)
-    mapping = pa.table({"entity_id": pa.array(mapped_ids, pa.string()), "canonical_id": pa.array(mapped_canonicals, pa.string()),
-                        "method": pa.array(mapped_methods, pa.string()), "score": pa.nulls(len(mapped_ids), pa.float64())},
-                       schema=tables.ENTITY_RESOLUTION)
+
+    # Each mention gets its cluster's canonical; the method says whether its name is the canonical name.
+    canonical = pl.Series("canonical_id", columns["canonical_id"], dtype=pl.String).gather(cluster_of)
+    method = pl.Series("method", methods, dtype=pl.String).gather(cluster_of)
+    is_alias = pl.Series(names, dtype=pl.String) != pl.Series(columns["name"], dtype=pl.String).gather(cluster_of)
+    method = pl.select(pl.when(is_alias).then(method + ":alias").otherwise(method)).to_series().alias("method")
+    group = groups.rows["group"]
+    mapped = pl.DataFrame([groups.rows["entity_id"], canonical.gather(group), method.gather(group),
+                           pl.Series("score", [None] * len(group), dtype=pl.Float64)])
+    counts["mentions"] = mapped.height
     return Resolution(
-        canonical_entities=tables.to_table(sorted(canonical_rows.values(), key=lambda r: r["canonical_id"]), tables.CANONICAL_ENTITIES),
-        mapping=mapping.sort_by("entity_id"),
+        canonical_entities=canonical_entities.sort_by("canonical_id"),
+        mapping=mapped.to_arrow().cast(tables.ENTITY_RESOLUTION).sort_by("entity_id"),
         counts=counts,
     )
 
 
-def _join_registry_clusters(clusters: list[list[NameGroup]], known_alias: dict, prior: dict) -> list[list[NameGroup]]:
+def _cluster_table(columns: dict[str, list], groups: NameGroups, cluster_of: np.ndarray) -> pa.Table:
+    """The canonical rows of this run's clusters, with mention counts and first/last seen."""
+    seen = (
+        groups.seen.with_columns(pl.Series("cluster", cluster_of), pl.Series("count", groups.counts, dtype=pl.Int64))
+        .group_by("cluster").agg(pl.col("count").sum().alias("mention_count"), pl.col("first_seen").min(), pl.col("last_seen").max())
+        .sort("cluster")
+    )
+    data = {**columns, "merged_into": [None] * len(columns["canonical_id"])}
+    return pa.table({field.name: data[field.name] if field.name in data else seen[field.name].to_arrow()
+                     for field in tables.CANONICAL_ENTITIES}, schema=tables.CANONICAL_ENTITIES)
+
+
+def _join_registry_clusters(clusters: list[list[int]], known: list[str | None], prior: dict) -> list[list[int]]:
     """Clusters that name the same configured company are one entity, whatever the fuzzy
     matching made of them: 'INTC' and 'Intel Corporation' share no letters worth scoring."""
     by_company: dict[str, list[int]] = defaultdict(list)
-    for index, cluster in enumerate(clusters):
-        entity_type = cluster[0].type
-        companies = {known_alias.get((entity_type, _alias_key(entity_type, g.name))) for g in cluster}
-        for canonical_id in companies:
+    for index, members in enumerate(clusters):
+        for canonical_id in {known[g] for g in members}:
             if canonical_id and prior[canonical_id]["source"] == "registry":
                 by_company[canonical_id].append(index)
     finder = _UnionFind(len(clusters))
     for members in by_company.values():
         for other in members[1:]:
             finder.union(members[0], other)
-    joined: dict[int, list[NameGroup]] = defaultdict(list)
-    for index, cluster in enumerate(clusters):
-        joined[finder.find(index)].extend(cluster)
+    joined: dict[int, list[int]] = defaultdict(list)
+    for index, members in enumerate(clusters):
+        joined[finder.find(index)].extend(members)
     return list(joined.values())
 
 
