@@ -242,10 +242,12 @@ def _key_test_names() -> list[str]:
 
 
 def test_batched_keys_equal_the_one_name_keys():
-    """metric_keys/numeric_keys (polars, printable ASCII) give exactly metric_key/numeric_key."""
-    from tkg.resolution import metric_key, metric_keys, numeric_key, numeric_keys
+    """folds/metric_keys/numeric_keys (polars, printable ASCII) give exactly fold/metric_key/numeric_key."""
+    from tkg.names import fold
+    from tkg.resolution import folds, metric_key, metric_keys, numeric_key, numeric_keys
 
-    names = _key_test_names()
+    names = _key_test_names() + TRICKY_NAMES + ["Crédit  Suisse,", "Ørsted A/S", "the_thing", "a\u00a0b", "ǅemal", "ΟΔΟΣ"]
+    assert folds(names) == [fold(n) for n in names]
     assert metric_keys(names) == [metric_key(n) for n in names]
     assert numeric_keys(names) == [numeric_key(n) for n in names]
     assert metric_keys([]) == [] and numeric_keys([]) == []

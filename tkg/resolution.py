@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import groupby
 from pathlib import Path
@@ -168,10 +168,16 @@ def office_key(name: str) -> str:
     role, separator, organization = name.rpartition(" of ")
     if not separator:
         return fold(name)
-    offices = parse_offices(role)
-    role_key = fold(offices[0].role) if len(offices) == 1 else fold(role)  # an interim CEO holds the CEO office
     company = company_for_name(organization)
-    return f"{role_key}@{company.ticker.lower() if company else organisation_key(organization)}"
+    return f"{_role_key(role)}@{company.ticker.lower() if company else organisation_key(organization)}"
+
+
+@lru_cache(maxsize=65536)
+def _role_key(role: str) -> str:
+    """'Interim Chief Executive Officer' -> 'ceo': an interim CEO holds the CEO office. Roles
+    repeat across organisations, so they are parsed once each."""
+    offices = parse_offices(role)
+    return fold(offices[0].role) if len(offices) == 1 else fold(role)
 
 
 @lru_cache(maxsize=1)
@@ -259,14 +265,19 @@ def numeric_keys(names: list[str]) -> list[str]:
             for kind, value, name in zip(amounts["kind"].to_list(), amounts["value"].to_list(), names)]
 
 
-def typed_keys(types: list[str], names: list[str]) -> list[str]:
-    """`_alias_key` of each (type, name), metrics and amounts computed together."""
+def folds(names: list[str]) -> list[str]:
+    """`fold` of each name."""
+    return _batch(names, _ASCII_FOLD, fold)
+
+
+def typed_keys(types: list[str], names: list[str], folded: list[str]) -> list[str]:
+    """`_alias_key` of each (type, name), given their folds; metrics and amounts computed together."""
     keys: list[str | None] = [None] * len(names)
     for entity_type, batch in ((METRIC, metric_keys), (NUMERIC, numeric_keys)):
         positions = [i for i, t in enumerate(types) if t == entity_type]
         for position, key in zip(positions, batch([names[i] for i in positions])):
             keys[position] = key
-    return [key if key is not None else _alias_key(t, n) for key, t, n in zip(keys, types, names)]
+    return [key if key is not None else _KEY_OF[t](n) if t in _KEY_OF else f for key, t, n, f in zip(keys, types, names, folded)]
 
 
 @lru_cache(maxsize=262144)
@@ -295,38 +306,39 @@ class NameGroups:
 
     types: list[str]
     names: list[str]
+    folded: list[str]  # fold(name)
     counts: list[int]
     descriptions: list[str | None]  # the first non-empty description, in mention order
     keys: list[str]  # the typed key (see _alias_key)
     seen: pl.DataFrame  # first_seen, last_seen per group
     rows: pl.DataFrame  # row, entity_id, group
     mentions: pa.Table
-    _members: tuple[np.ndarray, np.ndarray] | None = None
     _width: int | None = None
-    _evidence: dict[int, tuple[frozenset[str], np.ndarray | None]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.names)
 
-    def evidence(self, group: int) -> tuple[frozenset[str], np.ndarray | None]:
-        """The distinct descriptions of a group's mentions, and their mean unit embedding."""
-        if group not in self._evidence:
-            self._evidence[group] = self._read_evidence(group)
-        return self._evidence[group]
-
-    def _read_evidence(self, group: int) -> tuple[frozenset[str], np.ndarray | None]:
-        if self._members is None:
-            ordered = self.rows.sort("group", maintain_order=True)
-            self._members = ordered["row"].to_numpy(), np.searchsorted(ordered["group"].to_numpy(), np.arange(len(self) + 1))
-        rows, starts = self._members
-        taken = self.mentions.select(["description", "embedding"]).take(pa.array(rows[starts[group] : starts[group + 1]]))
-        descriptions = frozenset(d for d in taken.column("description").to_pylist() if d)
-        matrix, _ = embedding_matrix(taken.column("embedding"))
-        if not len(matrix) or matrix.shape[1] != self._embedding_width():
-            return descriptions, None
-        total = matrix.sum(axis=0)
-        norm = np.linalg.norm(total)
-        return descriptions, total / norm if norm else total
+    def evidence(self, wanted: Iterable[int]) -> dict[int, tuple[frozenset[str], np.ndarray | None]]:
+        """For each wanted group: the distinct descriptions of its mentions, and their mean unit
+        embedding (None without embeddings), all read in one pass."""
+        wanted = sorted(set(wanted))
+        picked = self.rows.filter(pl.col("group").is_in(wanted)).sort("group", maintain_order=True)
+        taken = self.mentions.select(["description", "embedding"]).take(pa.array(picked["row"].to_numpy()))
+        owners = picked["group"].to_numpy()
+        descriptions: dict[int, set[str]] = {group: set() for group in wanted}
+        for group, description in zip(owners.tolist(), taken.column("description").to_pylist()):
+            if description:
+                descriptions[group].add(description)
+        vectors: dict[int, np.ndarray] = {}
+        matrix, present = embedding_matrix(taken.column("embedding"))
+        if len(matrix) and matrix.shape[1] == self._embedding_width():
+            owners = owners[present]
+            starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+            totals = np.add.reduceat(matrix, starts, axis=0)
+            for group, total in zip(owners[starts].tolist(), totals):
+                norm = np.linalg.norm(total)
+                vectors[group] = total / norm if norm else total
+        return {group: (frozenset(descriptions[group]), vectors.get(group)) for group in wanted}
 
     def _embedding_width(self) -> int:
         """The embedding length of this build (rows of another length are left out, as in embedding_matrix)."""
@@ -354,9 +366,10 @@ def _group_mentions(mentions: pa.Table) -> NameGroups:
     rows = frame.select(["row", "entity_id", "type", "name"]).join(
         grouped.select(["type", "name", "group"]), on=["type", "name"], how="left", maintain_order="left")
     types, names = grouped["type"].to_list(), grouped["name"].to_list()
+    folded = folds(names)
     return NameGroups(
-        types=types, names=names, counts=grouped["count"].to_list(), descriptions=grouped["description"].to_list(),
-        keys=typed_keys(types, names),
+        types=types, names=names, folded=folded, counts=grouped["count"].to_list(), descriptions=grouped["description"].to_list(),
+        keys=typed_keys(types, names, folded),
         seen=grouped.select(["first_seen", "last_seen"]), rows=rows.select(["row", "entity_id", "group"]), mentions=mentions,
     )
 
@@ -411,7 +424,7 @@ def _extends(short: str, long: str) -> bool:
     return long_words[: len(short_words)] == short_words and all(w in GENERIC_ORG_WORDS for w in long_words[len(short_words):])
 
 
-def _cluster_fuzzy(keys: list[str], agree: Callable[[int, int], bool] | None = None) -> list[list[int]]:
+def _cluster_fuzzy(keys: list[str], agree: Callable[[list[tuple[int, int]]], list[bool]] | None = None) -> list[list[int]]:
     """Fuzzy clustering of keys within blocks (first key token, and acronym for organisations),
     scored with rapidfuzz.process.cdist on all cores rather than pair loops in Python.
 
@@ -427,6 +440,7 @@ def _cluster_fuzzy(keys: list[str], agree: Callable[[int, int], bool] | None = N
         else:
             by_key[key] = index
     blocks: dict[str, list[int]] = defaultdict(list)
+    undecided: list[tuple[int, int]] = []  # extensions for `agree` to settle, all at once
     for key, index in by_key.items():
         words = key.split()
         if words:
@@ -458,21 +472,32 @@ def _cluster_fuzzy(keys: list[str], agree: Callable[[int, int], bool] | None = N
                 finder.union(members[a], members[b])
             elif organisations and partial[a, b] >= EXTENSION_THRESHOLD:
                 short, long = sorted((one, other), key=len)
-                if _extends(short, long) or agree(members[a], members[b]):
+                if _extends(short, long):
                     finder.union(members[a], members[b])
+                else:
+                    undecided.append((members[a], members[b]))
+    if undecided:
+        for (a, b), agreed in zip(undecided, agree(undecided)):
+            if agreed:
+                finder.union(a, b)
     clusters: dict[int, list[int]] = defaultdict(list)
     for index in range(len(keys)):
         clusters[finder.find(index)].append(index)
     return list(clusters.values())
 
 
-def _descriptions_agree(groups: NameGroups, a: int, b: int) -> bool:
+def _descriptions_agree(groups: NameGroups, pairs: list[tuple[int, int]]) -> list[bool]:
     """Description embeddings settle names that extend each other ('Micron' / 'Micron Memory'),
     unless both descriptions are the same boilerplate (then they say nothing)."""
-    (descriptions_a, vector_a), (descriptions_b, vector_b) = groups.evidence(a), groups.evidence(b)
-    if vector_a is None or vector_b is None or descriptions_a == descriptions_b:
-        return False
-    return float(np.dot(vector_a, vector_b)) >= DESCRIPTION_COSINE
+    evidence = groups.evidence(group for pair in pairs for group in pair)
+
+    def agree(a: int, b: int) -> bool:
+        (descriptions_a, vector_a), (descriptions_b, vector_b) = evidence[a], evidence[b]
+        if vector_a is None or vector_b is None or descriptions_a == descriptions_b:
+            return False
+        return float(np.dot(vector_a, vector_b)) >= DESCRIPTION_COSINE
+
+    return [agree(a, b) for a, b in pairs]
 
 
 def _representatives(groups: NameGroups, clusters: list[list[int]]) -> list[int]:
@@ -483,7 +508,7 @@ def _representatives(groups: NameGroups, clusters: list[list[int]]) -> list[int]
     The similarities of all clusters are scored in one `cpdist` call. Each product of a
     float32 score and a count is exact in float64, and so are the short sums, so the totals
     are the same whatever order they are added in."""
-    names, counts = groups.names, groups.counts
+    names, counts, folded = groups.names, groups.counts, groups.folded
     chosen = [members[0] for members in clusters]
     left: list[int] = []
     right: list[int] = []
@@ -496,14 +521,17 @@ def _representatives(groups: NameGroups, clusters: list[list[int]]) -> list[int]
         elif len(members) == 2:
             # The totals are 100*w1 + r*w2 and r*w1 + 100*w2: with r < 100 the more frequent
             # name wins, with equal counts (or r = 100) they tie. Either way the tie-break decides.
-            chosen[number] = max(members, key=lambda g: (counts[g], len(fold(names[g])), names[g]))
+            a, b = members
+            if counts[a] != counts[b]:
+                chosen[number] = a if counts[a] > counts[b] else b
+            else:
+                chosen[number] = max(members, key=lambda g: (len(folded[g]), names[g]))
         else:
             scored.append(number)
             for position, a in enumerate(members):  # every pair, and each name with itself
                 left.extend([a] * (len(members) - position))
                 right.extend(members[position:])
     if scored:
-        folded = {g: fold(names[g]) for g in set(left)}
         scores = process.cpdist([folded[g] for g in left], [folded[g] for g in right], scorer=fuzz.ratio, workers=-1).astype(np.float64)
         weights = np.asarray(counts, dtype=np.float64)
         left_index, right_index = np.asarray(left), np.asarray(right)
@@ -536,7 +564,8 @@ def cluster_groups(groups: NameGroups) -> list[list[int]]:
         elif entity_type in EXACT_TYPES:
             local = _exact_clusters(keys)
         elif entity_type == ORGANIZATION:
-            local = _cluster_fuzzy(keys, agree=lambda a, b, offset=start: _descriptions_agree(groups, offset + a, offset + b))
+            local = _cluster_fuzzy(keys, agree=lambda pairs, offset=start: _descriptions_agree(
+                groups, [(offset + a, offset + b) for a, b in pairs]))
         else:
             local = _cluster_fuzzy(keys)
         clusters.extend([start + i for i in members] for members in local)
@@ -551,8 +580,9 @@ def _exact_clusters(keys: list[str]) -> list[list[int]]:
     return list(by_key.values())
 
 
-def _new_id(entity_type: str, name: str) -> str:
-    return "ent_" + hashlib.sha256(f"{entity_type}\x1f{fold(name)}".encode()).hexdigest()[:16]
+def _new_id(entity_type: str, folded_name: str) -> str:
+    """The id of a new canonical: a hash of its type and folded name."""
+    return "ent_" + hashlib.sha256(f"{entity_type}\x1f{folded_name}".encode()).hexdigest()[:16]
 
 
 # --- the resolver ----------------------------------------------------------------------------
@@ -599,41 +629,46 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     # clusters in (type, first name) order: groups are sorted by type and name
     clusters = sorted(_join_registry_clusters(cluster_groups(groups), known, prior), key=min)
 
-    names = groups.names
-    columns: dict[str, list] = defaultdict(list)
-    methods: list[str] = []
-    taken: set[str] = set()
+    names, types = groups.names, groups.types
+    representatives = _representatives(groups, clusters)
+    cluster_of = np.empty(len(groups), dtype=np.int64)  # group -> its cluster's number
+    if clusters:
+        cluster_of[np.concatenate(clusters)] = np.repeat(np.arange(len(clusters)), [len(members) for members in clusters])
+
+    # A cluster with a name an existing canonical knows keeps that canonical; the others are new.
+    candidates: dict[int, set[str]] = defaultdict(set)
+    for group, canonical_id in enumerate(known):
+        if canonical_id:
+            candidates[int(cluster_of[group])].add(canonical_id)
     merges: dict[str, str] = {}
-    for members, representative in zip(clusters, _representatives(groups, clusters)):
-        entity_type = groups.types[members[0]]
-        candidates = sorted({known[g] for g in members} - {None})
-        if candidates:
-            # The oldest known canonical survives; the others are recorded as merged into it.
-            candidates.sort(key=lambda cid: (prior[cid]["source"] != "registry", _seen_key(prior[cid]), cid))
-            canonical_id = candidates[0]
-            for other in candidates[1:]:
-                if prior[other]["source"] == "registry":
-                    counts["registry_companies_in_one_cluster"] += 1  # never merge two configured companies
-                    continue
-                merges[other] = canonical_id
-            name = prior[canonical_id]["name"]
-            method = "registry" if prior[canonical_id]["source"] == "registry" else "existing"
-        else:
-            canonical_id, name, method = _new_id(entity_type, names[representative]), names[representative], "new"
+    ids = [_new_id(types[r], groups.folded[r]) if number not in candidates else "" for number, r in enumerate(representatives)]
+    canonical_names = [names[r] for r in representatives]
+    methods = ["new"] * len(clusters)
+    for number in sorted(candidates):
+        # The oldest known canonical survives; the others are recorded as merged into it.
+        ordered = sorted(candidates[number], key=lambda cid: (prior[cid]["source"] != "registry", _seen_key(prior[cid]), cid))
+        canonical_id = ordered[0]
+        for other in ordered[1:]:
+            if prior[other]["source"] == "registry":
+                counts["registry_companies_in_one_cluster"] += 1  # never merge two configured companies
+                continue
+            merges[other] = canonical_id
+        ids[number], canonical_names[number] = canonical_id, prior[canonical_id]["name"]
+        methods[number] = "registry" if prior[canonical_id]["source"] == "registry" else "existing"
+    taken: set[str] = set()
+    for number, canonical_id in enumerate(ids):
         if canonical_id in taken:
             counts["clusters_sharing_a_canonical"] += 1
-            canonical_id, name, method = _new_id(entity_type, names[representative] + "#" + canonical_id), names[representative], "split"
-        taken.add(canonical_id)
-        known_row = prior.get(canonical_id) or {}
-        aliases = [names[g] for g in members]
-        columns["canonical_id"].append(canonical_id)
-        columns["name"].append(name)
-        columns["type"].append(entity_type)
-        columns["description"].append(known_row.get("description") or groups.descriptions[representative] or "")
-        columns["aliases"].append(sorted(set(aliases).union(known_row["aliases"]) if known_row.get("aliases") else aliases))
-        columns["source"].append("registry" if method == "registry" else "mentions")
-        methods.append(method)
+            r = representatives[number]
+            ids[number], canonical_names[number], methods[number] = _new_id(types[r], fold(names[r] + "#" + canonical_id)), names[r], "split"
+        taken.add(ids[number])
     counts.update(f"clusters_{method}" for method in methods)
+    columns = {
+        "canonical_id": ids, "name": canonical_names, "type": [types[r] for r in representatives],
+        "description": [(prior.get(cid) or {}).get("description") or groups.descriptions[r] or "" for cid, r in zip(ids, representatives)],
+        "source": ["registry" if method == "registry" else "mentions" for method in methods],
+    }
+    known_aliases = [(number, alias) for number, cid in enumerate(ids) if cid in prior for alias in prior[cid].get("aliases") or ()]
 
     # Canonicals that still exist from earlier runs stay in the registry (never deleted).
     kept = []
@@ -644,17 +679,15 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
         row["mention_count"] = 0
         row["merged_into"] = merges.get(canonical_id, row.get("merged_into"))
         kept.append(row)
-    cluster_of = np.empty(len(groups), dtype=np.int64)  # group -> its cluster's number
-    if clusters:
-        cluster_of[np.concatenate(clusters)] = np.repeat(np.arange(len(clusters)), [len(members) for members in clusters])
-    canonical_entities = pa.concat_tables([_cluster_table(columns, groups, cluster_of), tables.to_table(kept, tables.CANONICAL_ENTITIES)])
+    canonical_entities = pa.concat_tables([_cluster_table(columns, groups, cluster_of, known_aliases),
+                                           tables.to_table(kept, tables.CANONICAL_ENTITIES)])
     counts["canonical_entities"] = len(clusters) + sum(1 for row in kept if not row["merged_into"])
     counts["merges_recorded"] = len(merges)
 
     # Each mention gets its cluster's canonical; the method says whether its name is the canonical name.
-    canonical = pl.Series("canonical_id", columns["canonical_id"], dtype=pl.String).gather(cluster_of)
+    canonical = pl.Series("canonical_id", ids, dtype=pl.String).gather(cluster_of)
     method = pl.Series("method", methods, dtype=pl.String).gather(cluster_of)
-    is_alias = pl.Series(names, dtype=pl.String) != pl.Series(columns["name"], dtype=pl.String).gather(cluster_of)
+    is_alias = pl.Series(names, dtype=pl.String) != pl.Series(canonical_names, dtype=pl.String).gather(cluster_of)
     method = pl.select(pl.when(is_alias).then(method + ":alias").otherwise(method)).to_series().alias("method")
     group = groups.rows["group"]
     mapped = pl.DataFrame([groups.rows["entity_id"], canonical.gather(group), method.gather(group),
@@ -662,19 +695,26 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     counts["mentions"] = mapped.height
     return Resolution(
         canonical_entities=canonical_entities.sort_by("canonical_id"),
-        mapping=mapped.to_arrow().cast(tables.ENTITY_RESOLUTION).sort_by("entity_id"),
+        mapping=mapped.sort("entity_id", maintain_order=True).to_arrow().cast(tables.ENTITY_RESOLUTION),
         counts=counts,
     )
 
 
-def _cluster_table(columns: dict[str, list], groups: NameGroups, cluster_of: np.ndarray) -> pa.Table:
-    """The canonical rows of this run's clusters, with mention counts and first/last seen."""
+def _cluster_table(columns: dict[str, list], groups: NameGroups, cluster_of: np.ndarray,
+                   known_aliases: list[tuple[int, str]]) -> pa.Table:
+    """The canonical rows of this run's clusters: mention counts, first and last seen, and the
+    sorted aliases (the cluster's names and those its canonical already had)."""
     seen = (
         groups.seen.with_columns(pl.Series("cluster", cluster_of), pl.Series("count", groups.counts, dtype=pl.Int64))
         .group_by("cluster").agg(pl.col("count").sum().alias("mention_count"), pl.col("first_seen").min(), pl.col("last_seen").max())
         .sort("cluster")
     )
-    data = {**columns, "merged_into": [None] * len(columns["canonical_id"])}
+    aliases = (
+        pl.concat([pl.DataFrame({"cluster": cluster_of, "alias": groups.names}, schema={"cluster": pl.Int64, "alias": pl.String}),
+                   pl.DataFrame(known_aliases, schema={"cluster": pl.Int64, "alias": pl.String}, orient="row")])
+        .unique().group_by("cluster").agg(pl.col("alias").sort().alias("aliases")).sort("cluster")
+    )
+    data = {**columns, "aliases": aliases["aliases"].to_arrow(), "merged_into": [None] * len(columns["canonical_id"])}
     return pa.table({field.name: data[field.name] if field.name in data else seen[field.name].to_arrow()
                      for field in tables.CANONICAL_ENTITIES}, schema=tables.CANONICAL_ENTITIES)
 
@@ -682,11 +722,13 @@ def _cluster_table(columns: dict[str, list], groups: NameGroups, cluster_of: np.
 def _join_registry_clusters(clusters: list[list[int]], known: list[str | None], prior: dict) -> list[list[int]]:
     """Clusters that name the same configured company are one entity, whatever the fuzzy
     matching made of them: 'INTC' and 'Intel Corporation' share no letters worth scoring."""
+    registry_groups = {g: cid for g, cid in enumerate(known) if cid and prior[cid]["source"] == "registry"}
+    if not registry_groups:
+        return clusters
     by_company: dict[str, list[int]] = defaultdict(list)
     for index, members in enumerate(clusters):
-        for canonical_id in {known[g] for g in members}:
-            if canonical_id and prior[canonical_id]["source"] == "registry":
-                by_company[canonical_id].append(index)
+        for canonical_id in sorted({registry_groups[g] for g in members if g in registry_groups}):
+            by_company[canonical_id].append(index)
     finder = _UnionFind(len(clusters))
     for members in by_company.values():
         for other in members[1:]:
