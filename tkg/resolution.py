@@ -222,11 +222,11 @@ def numeric_key(name: str) -> str:
     return f"{kind}:{value:.6g}"
 
 
-# --- typed keys for many names at once ------------------------------------------------------
+# --- folds and typed keys for many names at once ---------------------------------------------
 # Metrics and amounts are most of the distinct names (13k of 16k in 100k synthetic mentions),
 # and their keys cost ~10 us a name in Python. For names in printable ASCII (where Python's
-# and polars' lower-casing, \w, \s and \d agree) the same keys are computed in polars; other
-# names take the functions above. tests/test_resolution.py checks the two agree.
+# and polars' lower-casing, \w, \s and \d agree) folds and these keys are computed in polars;
+# other names take the one-name functions. tests/test_resolution.py checks the two agree.
 _PRINTABLE_ASCII = r"^[\x20-\x7e]*$"
 _ASCII_FOLD = pl.col("name").str.to_lowercase().str.replace_all(r"[^a-z0-9_ ]", " ").str.replace_all(" +", " ").str.strip_chars(" ")
 
@@ -272,12 +272,13 @@ def folds(names: list[str]) -> list[str]:
 
 def typed_keys(types: list[str], names: list[str], folded: list[str]) -> list[str]:
     """`_alias_key` of each (type, name), given their folds; metrics and amounts computed together."""
-    keys: list[str | None] = [None] * len(names)
-    for entity_type, batch in ((METRIC, metric_keys), (NUMERIC, numeric_keys)):
+    batched = {METRIC: metric_keys, NUMERIC: numeric_keys}
+    keys = [_KEY_OF[t](n) if t in _KEY_OF and t not in batched else f for t, n, f in zip(types, names, folded)]
+    for entity_type, batch in batched.items():
         positions = [i for i, t in enumerate(types) if t == entity_type]
         for position, key in zip(positions, batch([names[i] for i in positions])):
             keys[position] = key
-    return [key if key is not None else _KEY_OF[t](n) if t in _KEY_OF else f for key, t, n, f in zip(keys, types, names, folded)]
+    return keys
 
 
 @lru_cache(maxsize=262144)
@@ -300,8 +301,9 @@ class NameGroups:
     """Every distinct (type, name) of the mentions, sorted by type then name, as columns: the
     unit clustering works on. `rows` maps each mention with a name to its group.
 
-    Description sets and embeddings are read on demand (`evidence`): they only ever settle
-    organisation names whose spellings extend each other, a few dozen in 100k mentions.
+    Description sets and embeddings are read only for the groups that need them (`evidence`):
+    they only ever settle organisation names whose spellings extend each other, a few dozen
+    in 100k mentions.
     """
 
     types: list[str]
@@ -500,84 +502,97 @@ def _descriptions_agree(groups: NameGroups, pairs: list[tuple[int, int]]) -> lis
     return [agree(a, b) for a, b in pairs]
 
 
-def _representatives(groups: NameGroups, clusters: list[list[int]]) -> list[int]:
-    """Each cluster's representative group: for people the most complete spelling; otherwise
-    the medoid, the member with the highest summed similarity to the others weighted by
-    mentions, ties going to the more frequent, then the longer, then the later name.
+def _representatives(groups: NameGroups, labels: np.ndarray) -> np.ndarray:
+    """The representative group of each cluster (indexed by cluster number). For people it is
+    the most complete spelling ('Robert H. Swan' over 'Bob Swan'), then the most frequent. For
+    other types it is the medoid: the member with the highest summed similarity to the others,
+    weighted by mentions. Ties go to the more frequent, then the longer, then the later name.
 
-    The similarities of all clusters are scored in one `cpdist` call. Each product of a
-    float32 score and a count is exact in float64, and so are the short sums, so the totals
-    are the same whatever order they are added in."""
-    names, counts, folded = groups.names, groups.counts, groups.folded
-    chosen = [members[0] for members in clusters]
-    left: list[int] = []
-    right: list[int] = []
-    scored: list[int] = []
-    for number, members in enumerate(clusters):
-        if len(members) == 1:
-            continue
-        if groups.types[members[0]] == PERSON:
-            chosen[number] = _person_representative(names, counts, members)
-        elif len(members) == 2:
-            # The totals are 100*w1 + r*w2 and r*w1 + 100*w2: with r < 100 the more frequent
-            # name wins, with equal counts (or r = 100) they tie. Either way the tie-break decides.
-            a, b = members
-            if counts[a] != counts[b]:
-                chosen[number] = a if counts[a] > counts[b] else b
-            else:
-                chosen[number] = max(members, key=lambda g: (len(folded[g]), names[g]))
-        else:
-            scored.append(number)
-            for position, a in enumerate(members):  # every pair, and each name with itself
-                left.extend([a] * (len(members) - position))
-                right.extend(members[position:])
-    if scored:
-        scores = process.cpdist([folded[g] for g in left], [folded[g] for g in right], scorer=fuzz.ratio, workers=-1).astype(np.float64)
-        weights = np.asarray(counts, dtype=np.float64)
-        left_index, right_index = np.asarray(left), np.asarray(right)
-        off_diagonal = left_index != right_index
-        totals = np.bincount(left_index, scores * weights[right_index], minlength=len(names))
-        totals += np.bincount(right_index[off_diagonal], (scores * weights[left_index])[off_diagonal], minlength=len(names))
-        for number in scored:
-            chosen[number] = max(clusters[number], key=lambda g: (totals[g], counts[g], len(folded[g]), names[g]))
-    return chosen
+    In a two-member cluster the sums are 100*w1 + r*w2 and r*w1 + 100*w2: the more frequent
+    name wins, or they tie, so only clusters of three or more are scored."""
+    size = len(labels)
+    cluster_sizes = np.bincount(labels, minlength=1)[labels]
+    person = np.array([t == PERSON for t in groups.types], dtype=bool)
+    first, second = np.zeros(size), np.zeros(size)  # the leading sort keys
+    for group in np.flatnonzero(person & (cluster_sizes > 1)).tolist():
+        parsed = parse_person(groups.names[group])
+        if parsed:
+            second[group], first[group] = parsed.informativeness  # full tokens first, then all tokens
+    scored = np.flatnonzero(~person & (cluster_sizes >= 3))
+    if len(scored):
+        first += _medoid_totals(groups, labels, scored)
+    length = np.where(person, 0, np.array([len(f) for f in groups.folded], dtype=np.int64))
+    # within a type, group order is name order: the index breaks the last ties by name
+    order = np.lexsort((np.arange(size), length, np.asarray(groups.counts), second, first, labels))
+    return order[np.r_[labels[order][1:] != labels[order][:-1], True]]
 
 
-def _person_representative(names: list[str], counts: list[int], members: list[int]) -> int:
-    """The most complete spelling ('Robert H. Swan' over 'Bob Swan'), then the most frequent."""
-    def rank(i: int) -> tuple:
-        person = parse_person(names[i])
-        full = person.informativeness if person else (0, 0)
-        return (full[1], full[0], counts[i], names[i])
-    return max(members, key=rank)
+def _medoid_totals(groups: NameGroups, labels: np.ndarray, scored: np.ndarray) -> np.ndarray:
+    """For each scored group, its summed similarity (fuzz.ratio of folded names) to every member
+    of its cluster, itself included, weighted by their mention counts; 0 for other groups.
+
+    All pairs of all clusters are scored in one `cpdist` call. Each product of a float32 score
+    and a count is exact in float64, and so are these short sums, so the totals do not depend
+    on the order they are added in."""
+    members = scored[np.argsort(labels[scored], kind="stable")]  # cluster by cluster
+    starts = np.flatnonzero(np.r_[True, labels[members][1:] != labels[members][:-1]])
+    lengths = np.diff(np.r_[starts, len(members)])
+    left, right = [], []
+    for length in np.unique(lengths).tolist():  # clusters of one size at a time: a matrix of members
+        matrix = members[starts[lengths == length][:, None] + np.arange(length)]
+        a, b = np.triu_indices(length)  # every pair, and each name with itself
+        left.append(matrix[:, a].ravel())
+        right.append(matrix[:, b].ravel())
+    left_index, right_index = np.concatenate(left), np.concatenate(right)
+    folded = groups.folded
+    scores = process.cpdist([folded[g] for g in left_index.tolist()], [folded[g] for g in right_index.tolist()],
+                            scorer=fuzz.ratio, workers=-1).astype(np.float64)
+    weights = np.asarray(groups.counts, dtype=np.float64)
+    totals = np.bincount(left_index, scores * weights[right_index], minlength=len(labels))
+    off_diagonal = left_index != right_index
+    totals += np.bincount(right_index[off_diagonal], (scores * weights[left_index])[off_diagonal], minlength=len(labels))
+    return totals
 
 
-def cluster_groups(groups: NameGroups) -> list[list[int]]:
-    """Clusters of group indices that denote the same entity, type by type."""
-    clusters: list[list[int]] = []
-    start = 0
+def cluster_groups(groups: NameGroups) -> np.ndarray:
+    """The cluster number of each group: groups that denote the same entity share one. Types
+    are clustered separately, and numbers follow the (type, first name) order of clusters."""
+    labels = np.zeros(len(groups), dtype=np.int64)
+    start = offset = 0
     for entity_type, run in groupby(groups.types):
         stop = start + sum(1 for _ in run)
         names, keys = groups.names[start:stop], groups.keys[start:stop]
         if entity_type == PERSON:
-            local = _cluster_people(names, groups.counts[start:stop])
+            local = _labels_of(_cluster_people(names, groups.counts[start:stop]), stop - start)
         elif entity_type in EXACT_TYPES:
-            local = _exact_clusters(keys)
+            codes: dict[str, int] = {}
+            local = np.array([codes.setdefault(key, len(codes)) for key in keys], dtype=np.int64)
         elif entity_type == ORGANIZATION:
-            local = _cluster_fuzzy(keys, agree=lambda pairs, offset=start: _descriptions_agree(
-                groups, [(offset + a, offset + b) for a, b in pairs]))
+            local = _labels_of(_cluster_fuzzy(keys, agree=lambda pairs, first=start: _descriptions_agree(
+                groups, [(first + a, first + b) for a, b in pairs])), stop - start)
         else:
-            local = _cluster_fuzzy(keys)
-        clusters.extend([start + i for i in members] for members in local)
+            local = _labels_of(_cluster_fuzzy(keys), stop - start)
+        labels[start:stop] = local + offset
+        offset += int(local.max()) + 1
         start = stop
-    return clusters
+    return _renumbered(labels)
 
 
-def _exact_clusters(keys: list[str]) -> list[list[int]]:
-    by_key: dict[str, list[int]] = defaultdict(list)
-    for index, key in enumerate(keys):
-        by_key[key].append(index)
-    return list(by_key.values())
+def _labels_of(clusters: list[list[int]], size: int) -> np.ndarray:
+    labels = np.empty(size, dtype=np.int64)
+    for number, members in enumerate(clusters):
+        labels[members] = number
+    return labels
+
+
+def _renumbered(labels: np.ndarray) -> np.ndarray:
+    """Cluster numbers 0, 1, ... in the order of each cluster's first group."""
+    if not len(labels):
+        return labels
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[inverse.ravel()]
 
 
 def _new_id(entity_type: str, folded_name: str) -> str:
@@ -626,14 +641,9 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     groups = _group_mentions(mentions)
     prior, known_alias = _known_canonicals(previous)
     known = [known_alias.get(pair) for pair in zip(groups.types, groups.keys)]
-    # clusters in (type, first name) order: groups are sorted by type and name
-    clusters = sorted(_join_registry_clusters(cluster_groups(groups), known, prior), key=min)
-
+    cluster_of = _join_registry_clusters(cluster_groups(groups), known, prior)  # group -> its cluster's number
     names, types = groups.names, groups.types
-    representatives = _representatives(groups, clusters)
-    cluster_of = np.empty(len(groups), dtype=np.int64)  # group -> its cluster's number
-    if clusters:
-        cluster_of[np.concatenate(clusters)] = np.repeat(np.arange(len(clusters)), [len(members) for members in clusters])
+    representatives = _representatives(groups, cluster_of).tolist()
 
     # A cluster with a name an existing canonical knows keeps that canonical; the others are new.
     candidates: dict[int, set[str]] = defaultdict(set)
@@ -643,7 +653,7 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     merges: dict[str, str] = {}
     ids = [_new_id(types[r], groups.folded[r]) if number not in candidates else "" for number, r in enumerate(representatives)]
     canonical_names = [names[r] for r in representatives]
-    methods = ["new"] * len(clusters)
+    methods = ["new"] * len(representatives)
     for number in sorted(candidates):
         # The oldest known canonical survives; the others are recorded as merged into it.
         ordered = sorted(candidates[number], key=lambda cid: (prior[cid]["source"] != "registry", _seen_key(prior[cid]), cid))
@@ -681,7 +691,7 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
         kept.append(row)
     canonical_entities = pa.concat_tables([_cluster_table(columns, groups, cluster_of, known_aliases),
                                            tables.to_table(kept, tables.CANONICAL_ENTITIES)])
-    counts["canonical_entities"] = len(clusters) + sum(1 for row in kept if not row["merged_into"])
+    counts["canonical_entities"] = len(representatives) + sum(1 for row in kept if not row["merged_into"])
     counts["merges_recorded"] = len(merges)
 
     # Each mention gets its cluster's canonical; the method says whether its name is the canonical name.
@@ -719,24 +729,22 @@ def _cluster_table(columns: dict[str, list], groups: NameGroups, cluster_of: np.
                      for field in tables.CANONICAL_ENTITIES}, schema=tables.CANONICAL_ENTITIES)
 
 
-def _join_registry_clusters(clusters: list[list[int]], known: list[str | None], prior: dict) -> list[list[int]]:
+def _join_registry_clusters(labels: np.ndarray, known: list[str | None], prior: dict) -> np.ndarray:
     """Clusters that name the same configured company are one entity, whatever the fuzzy
     matching made of them: 'INTC' and 'Intel Corporation' share no letters worth scoring."""
-    registry_groups = {g: cid for g, cid in enumerate(known) if cid and prior[cid]["source"] == "registry"}
-    if not registry_groups:
-        return clusters
-    by_company: dict[str, list[int]] = defaultdict(list)
-    for index, members in enumerate(clusters):
-        for canonical_id in sorted({registry_groups[g] for g in members if g in registry_groups}):
-            by_company[canonical_id].append(index)
-    finder = _UnionFind(len(clusters))
-    for members in by_company.values():
-        for other in members[1:]:
-            finder.union(members[0], other)
-    joined: dict[int, list[int]] = defaultdict(list)
-    for index, members in enumerate(clusters):
-        joined[finder.find(index)].extend(members)
-    return list(joined.values())
+    by_company: dict[str, set[int]] = defaultdict(set)
+    for group, canonical_id in enumerate(known):
+        if canonical_id and prior[canonical_id]["source"] == "registry":
+            by_company[canonical_id].add(int(labels[group]))
+    if not by_company:
+        return labels
+    finder = _UnionFind(int(labels.max()) + 1)
+    for clusters in by_company.values():
+        first, *others = sorted(clusters)
+        for other in others:
+            finder.union(first, other)
+    roots = np.array([finder.find(label) for label in range(len(finder.parent))], dtype=np.int64)
+    return _renumbered(roots[labels])
 
 
 def _seen_key(row: dict[str, Any]) -> tuple:
