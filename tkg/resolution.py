@@ -645,33 +645,8 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     names, types = groups.names, groups.types
     representatives = _representatives(groups, cluster_of).tolist()
 
-    # A cluster with a name an existing canonical knows keeps that canonical; the others are new.
-    candidates: dict[int, set[str]] = defaultdict(set)
-    for group, canonical_id in enumerate(known):
-        if canonical_id:
-            candidates[int(cluster_of[group])].add(canonical_id)
-    merges: dict[str, str] = {}
-    ids = [_new_id(types[r], groups.folded[r]) if number not in candidates else "" for number, r in enumerate(representatives)]
-    canonical_names = [names[r] for r in representatives]
-    methods = ["new"] * len(representatives)
-    for number in sorted(candidates):
-        # The oldest known canonical survives; the others are recorded as merged into it.
-        ordered = sorted(candidates[number], key=lambda cid: (prior[cid]["source"] != "registry", _seen_key(prior[cid]), cid))
-        canonical_id = ordered[0]
-        for other in ordered[1:]:
-            if prior[other]["source"] == "registry":
-                counts["registry_companies_in_one_cluster"] += 1  # never merge two configured companies
-                continue
-            merges[other] = canonical_id
-        ids[number], canonical_names[number] = canonical_id, prior[canonical_id]["name"]
-        methods[number] = "registry" if prior[canonical_id]["source"] == "registry" else "existing"
-    taken: set[str] = set()
-    for number, canonical_id in enumerate(ids):
-        if canonical_id in taken:
-            counts["clusters_sharing_a_canonical"] += 1
-            r = representatives[number]
-            ids[number], canonical_names[number], methods[number] = _new_id(types[r], fold(names[r] + "#" + canonical_id)), names[r], "split"
-        taken.add(ids[number])
+    ids, canonical_names, methods, merges = _assign_canonicals(groups, cluster_of, representatives, known, prior, counts)
+    taken = set(ids)
     counts.update(f"clusters_{method}" for method in methods)
     columns = {
         "canonical_id": ids, "name": canonical_names, "type": [types[r] for r in representatives],
@@ -708,6 +683,42 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
         mapping=mapped.sort("entity_id", maintain_order=True).to_arrow().cast(tables.ENTITY_RESOLUTION),
         counts=counts,
     )
+
+
+def _assign_canonicals(groups: NameGroups, cluster_of: np.ndarray, representatives: list[int], known: list[str | None],
+                       prior: dict[str, dict[str, Any]], counts: Counter) -> tuple[list[str], list[str], list[str], dict[str, str]]:
+    """Each cluster's canonical id, name and method, in cluster order, and the merges to record.
+
+    A cluster with a name an existing canonical knows keeps that canonical (the oldest, if it
+    knows several; the others are merged into it). Other clusters get a new id from their
+    representative's name. A cluster reaching an id an earlier cluster took is split off."""
+    names, types = groups.names, groups.types
+    candidates: dict[int, set[str]] = defaultdict(set)
+    for group, canonical_id in enumerate(known):
+        if canonical_id:
+            candidates[int(cluster_of[group])].add(canonical_id)
+    merges: dict[str, str] = {}
+    ids = [_new_id(types[r], groups.folded[r]) if number not in candidates else "" for number, r in enumerate(representatives)]
+    canonical_names = [names[r] for r in representatives]
+    methods = ["new"] * len(representatives)
+    for number in sorted(candidates):
+        ordered = sorted(candidates[number], key=lambda cid: (prior[cid]["source"] != "registry", _seen_key(prior[cid]), cid))
+        canonical_id = ordered[0]
+        for other in ordered[1:]:
+            if prior[other]["source"] == "registry":
+                counts["registry_companies_in_one_cluster"] += 1  # never merge two configured companies
+                continue
+            merges[other] = canonical_id
+        ids[number], canonical_names[number] = canonical_id, prior[canonical_id]["name"]
+        methods[number] = "registry" if prior[canonical_id]["source"] == "registry" else "existing"
+    taken: set[str] = set()
+    for number, canonical_id in enumerate(ids):
+        if canonical_id in taken:
+            counts["clusters_sharing_a_canonical"] += 1
+            r = representatives[number]
+            ids[number], canonical_names[number], methods[number] = _new_id(types[r], fold(names[r] + "#" + canonical_id)), names[r], "split"
+        taken.add(ids[number])
+    return ids, canonical_names, methods, merges
 
 
 def _cluster_table(columns: dict[str, list], groups: NameGroups, cluster_of: np.ndarray,
