@@ -266,3 +266,15 @@ def test_legal_suffixes_stripped_exactly_as_cleanco_does():
                              "Ltd. Ltd.", "Inc Inc Inc", "Morgan Stanley, Research Division", "Credit Suisse AG", "Ørsted A/S",
                              "B. Riley & Co., LLC", "Sanford C. Bernstein & Co., LLC.", "Nomura Securities Co. Ltd."]
     assert [basename(n) for n in names] == [cleanco.basename(n) for n in names]
+
+
+def test_no_mentions_and_blank_names_leave_only_the_registry():
+    from tkg.companies import load_companies
+
+    blank = tables.to_table([{"entity_id": "m1", "event_id": "e1", "company": "X", "quarter": None, "name": "   ", "type": None,
+                              "description": None, "seen_at": None, "embedding": None}], tables.ENTITIES)
+    for table in (tables.ENTITIES.empty_table(), blank):
+        resolution = resolve_entities(table)
+        assert resolution.mapping.num_rows == 0
+        assert sorted(resolution.canonical_entities.column("source").to_pylist()) == ["registry"] * len(load_companies())
+        assert resolution.counts["canonical_entities"] == len(load_companies())

@@ -511,7 +511,9 @@ def _representatives(groups: NameGroups, labels: np.ndarray) -> np.ndarray:
     In a two-member cluster the sums are 100*w1 + r*w2 and r*w1 + 100*w2: the more frequent
     name wins, or they tie, so only clusters of three or more are scored."""
     size = len(labels)
-    cluster_sizes = np.bincount(labels, minlength=1)[labels]
+    if not size:
+        return labels
+    cluster_sizes = np.bincount(labels)[labels]
     person = np.array([t == PERSON for t in groups.types], dtype=bool)
     first, second = np.zeros(size), np.zeros(size)  # the leading sort keys
     for group in np.flatnonzero(person & (cluster_sizes > 1)).tolist():
