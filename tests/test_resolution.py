@@ -278,3 +278,37 @@ def test_no_mentions_and_blank_names_leave_only_the_registry():
         assert resolution.mapping.num_rows == 0
         assert sorted(resolution.canonical_entities.column("source").to_pylist()) == ["registry"] * len(load_companies())
         assert resolution.counts["canonical_entities"] == len(load_companies())
+
+
+def test_names_that_fold_alike_but_stay_apart_get_distinct_canonicals():
+    """'SU', 'Su' and 'su' are single words, so they are not merged as people; they fold alike,
+    so their ids collide and the later ones are split off, each to an unused id."""
+    table = mentions(("Person", "SU"), ("Person", "Su"), ("Person", "su"))
+    resolution = resolve_entities(table)
+    canonicals = {r["canonical_id"]: r for r in resolution.canonical_entities.to_pylist() if r["source"] == "mentions"}
+    assert len(canonicals) == 3 == len(set(clusters(resolution).values()))
+    assert sorted(alias for r in canonicals.values() for alias in r["aliases"]) == ["SU", "Su", "su"]
+    assert resolution.counts["clusters_split"] == 2
+
+
+def test_an_unrelated_longer_embedding_does_not_change_organisations():
+    """Description embeddings are compared at the organisations' embedding length: a mention of
+    another type with a longer embedding changes nothing."""
+    def table(*extra):
+        rows = [("Organization", "Acme", "maker", [1.0, 0.0, 0.0, 0.0]), ("Organization", "Acme Cloud", "cloud unit", [1.0, 0.0, 0.0, 0.0]),
+                *extra]
+        return tables.to_table([{"entity_id": f"m{i}", "event_id": "e", "company": "X", "quarter": None, "name": name, "type": kind,
+                                 "description": description, "seen_at": T0, "embedding": vector}
+                                for i, (kind, name, description, vector) in enumerate(rows)], tables.ENTITIES)
+    alone, with_person = table(), table(("Person", "Lisa Su", None, [1.0] * 8))
+    assert same(alone, resolve_entities(alone), "Acme", "Acme Cloud")
+    assert same(with_person, resolve_entities(with_person), "Acme", "Acme Cloud")
+
+
+def test_mapping_does_not_depend_on_row_order_even_with_a_repeated_id():
+    table = mentions(("Product", "Zeta"), ("Product", "Alpha"), ("Organization", "Intel Corp."), ("Person", "Bob Swan"))
+    table = table.set_column(0, "entity_id", pa.array(["m0", "m0", "m1", "m2"]))
+    mapping = resolve_entities(table).mapping
+    assert mapping.num_rows == 4 and len(set(mapping.column("canonical_id").to_pylist())) == 4
+    for order in ([3, 2, 1, 0], [1, 3, 0, 2]):
+        assert resolve_entities(table.take(order)).mapping.equals(mapping)

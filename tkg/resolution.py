@@ -29,7 +29,7 @@ import hashlib
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import groupby
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -81,7 +81,7 @@ class PersonName:
 
     @property
     def informativeness(self) -> tuple[int, int]:
-        """More tokens first, then more full (non-initial) tokens."""
+        """(given-name tokens, full given-name tokens, i.e. not initials)."""
         return len(self.given), sum(len(token) > 1 for token in self.given)
 
 
@@ -231,10 +231,13 @@ _PRINTABLE_ASCII = r"^[\x20-\x7e]*$"
 _ASCII_FOLD = pl.col("name").str.to_lowercase().str.replace_all(r"[^a-z0-9_ ]", " ").str.replace_all(" +", " ").str.strip_chars(" ")
 
 
-def _batch(names: list[str], expression: pl.Expr, one: Callable[[str], str]) -> list[str]:
-    """`expression` over the printable-ASCII names (null: not computed), `one` for the rest."""
+def _batch(names: list[str], expression: pl.Expr, one: Callable[[str], str], finish: Callable[[Any], str | None] | None = None) -> list[str]:
+    """`expression` over the printable-ASCII names, then `finish` on each value; `one` for the
+    other names and wherever a value is null."""
     frame = pl.DataFrame({"name": names}, schema={"name": pl.String})
     computed = frame.select(pl.when(pl.col("name").str.contains(_PRINTABLE_ASCII)).then(expression))[:, 0].to_list()
+    if finish is not None:
+        computed = [finish(value) if value is not None else None for value in computed]
     return [key if key is not None else one(name) for key, name in zip(computed, names)]
 
 
@@ -251,18 +254,16 @@ def metric_keys(names: list[str]) -> list[str]:
 
 def numeric_keys(names: list[str]) -> list[str]:
     """`numeric_key` of each name."""
-    frame = pl.DataFrame({"name": names}, schema={"name": pl.String})
-    printable = pl.col("name").str.contains(_PRINTABLE_ASCII)
-    parts = frame.select(pl.when(printable).then(pl.col("name").str.strip_chars()).str.extract_groups(f"(?i){_AMOUNT.pattern}")).unnest("name")
-    unit = pl.col("unit").str.to_lowercase().fill_null("")
-    amounts = parts.select(
-        (pl.col("number").str.replace_all(",", "").cast(pl.Float64)
-         * pl.col("scale").str.to_lowercase().replace_strict(_SCALE, default=1.0, return_dtype=pl.Float64).fill_null(1.0)).alias("value"),
-        pl.when((pl.col("dollar").fill_null("") != "") | unit.is_in(["dollars", "usd"])).then(pl.lit("usd"))
+    parts = pl.col("name").str.strip_chars().str.extract_groups(f"(?i){_AMOUNT.pattern}")
+    unit = parts.struct.field("unit").str.to_lowercase().fill_null("")
+    scale = parts.struct.field("scale").str.to_lowercase().replace_strict(_SCALE, default=1.0, return_dtype=pl.Float64).fill_null(1.0)
+    amount = pl.struct(
+        (parts.struct.field("number").str.replace_all(",", "").cast(pl.Float64) * scale).alias("value"),
+        pl.when((parts.struct.field("dollar").fill_null("") != "") | unit.is_in(["dollars", "usd"])).then(pl.lit("usd"))
         .when(unit.is_in(["%", "percent", "per cent"])).then(pl.lit("pct")).otherwise(pl.lit("num")).alias("kind"),
     )
-    return [f"{kind}:{value:.6g}" if value is not None else numeric_key(name)
-            for kind, value, name in zip(amounts["kind"].to_list(), amounts["value"].to_list(), names)]
+    return _batch(names, amount, numeric_key,
+                  finish=lambda a: f"{a['kind']}:{a['value']:.6g}" if a["value"] is not None else None)
 
 
 def folds(names: list[str]) -> list[str]:
@@ -315,7 +316,7 @@ class NameGroups:
     seen: pl.DataFrame  # first_seen, last_seen per group
     rows: pl.DataFrame  # row, entity_id, group
     mentions: pa.Table
-    _width: int | None = None
+    organisation_width: int  # the longest organisation embedding: shorter ones are left out
 
     def __len__(self) -> int:
         return len(self.names)
@@ -333,7 +334,7 @@ class NameGroups:
                 descriptions[group].add(description)
         vectors: dict[int, np.ndarray] = {}
         matrix, present = embedding_matrix(taken.column("embedding"))
-        if len(matrix) and matrix.shape[1] == self._embedding_width():
+        if len(matrix) and matrix.shape[1] == self.organisation_width:
             owners = owners[present]
             starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
             totals = np.add.reduceat(matrix, starts, axis=0)
@@ -341,12 +342,6 @@ class NameGroups:
                 norm = np.linalg.norm(total)
                 vectors[group] = total / norm if norm else total
         return {group: (frozenset(descriptions[group]), vectors.get(group)) for group in wanted}
-
-    def _embedding_width(self) -> int:
-        """The embedding length of this build (rows of another length are left out, as in embedding_matrix)."""
-        if self._width is None:
-            self._width = int(pc.max(pc.list_value_length(self.mentions.column("embedding"))).as_py() or 0)
-        return self._width
 
 
 def _group_mentions(mentions: pa.Table) -> NameGroups:
@@ -369,10 +364,13 @@ def _group_mentions(mentions: pa.Table) -> NameGroups:
         grouped.select(["type", "name", "group"]), on=["type", "name"], how="left", maintain_order="left")
     types, names = grouped["type"].to_list(), grouped["name"].to_list()
     folded = folds(names)
+    lengths = pc.fill_null(pc.list_value_length(mentions.column("embedding")), 0).to_numpy(zero_copy_only=False)
+    organisation_rows = frame.filter(pl.col("type") == ORGANIZATION)["row"].to_numpy()
     return NameGroups(
         types=types, names=names, folded=folded, counts=grouped["count"].to_list(), descriptions=grouped["description"].to_list(),
         keys=typed_keys(types, names, folded),
         seen=grouped.select(["first_seen", "last_seen"]), rows=rows.select(["row", "entity_id", "group"]), mentions=mentions,
+        organisation_width=int(lengths[organisation_rows].max()) if len(organisation_rows) else 0,
     )
 
 
@@ -488,9 +486,11 @@ def _cluster_fuzzy(keys: list[str], agree: Callable[[list[tuple[int, int]]], lis
     return list(clusters.values())
 
 
-def _descriptions_agree(groups: NameGroups, pairs: list[tuple[int, int]]) -> list[bool]:
+def _descriptions_agree(groups: NameGroups, pairs: list[tuple[int, int]], offset: int = 0) -> list[bool]:
     """Description embeddings settle names that extend each other ('Micron' / 'Micron Memory'),
-    unless both descriptions are the same boilerplate (then they say nothing)."""
+    unless both descriptions are the same boilerplate (then they say nothing). `pairs` index
+    groups from `offset`."""
+    pairs = [(offset + a, offset + b) for a, b in pairs]
     evidence = groups.evidence(group for pair in pairs for group in pair)
 
     def agree(a: int, b: int) -> bool:
@@ -515,17 +515,20 @@ def _representatives(groups: NameGroups, labels: np.ndarray) -> np.ndarray:
         return labels
     cluster_sizes = np.bincount(labels)[labels]
     person = np.array([t == PERSON for t in groups.types], dtype=bool)
-    first, second = np.zeros(size), np.zeros(size)  # the leading sort keys
+    # Sort keys, most significant first. People: full given-name tokens, given-name tokens.
+    # Other types: the medoid total (0 in clusters of one or two). Then, for all: mentions, the
+    # folded length (0 for people), and the name (within a type, group order is name order).
+    primary, secondary = np.zeros(size), np.zeros(size)
     for group in np.flatnonzero(person & (cluster_sizes > 1)).tolist():
         parsed = parse_person(groups.names[group])
         if parsed:
-            second[group], first[group] = parsed.informativeness  # full tokens first, then all tokens
+            tokens, full_tokens = parsed.informativeness
+            primary[group], secondary[group] = full_tokens, tokens
     scored = np.flatnonzero(~person & (cluster_sizes >= 3))
     if len(scored):
-        first += _medoid_totals(groups, labels, scored)
+        primary += _medoid_totals(groups, labels, scored)
     length = np.where(person, 0, np.array([len(f) for f in groups.folded], dtype=np.int64))
-    # within a type, group order is name order: the index breaks the last ties by name
-    order = np.lexsort((np.arange(size), length, np.asarray(groups.counts), second, first, labels))
+    order = np.lexsort((np.arange(size), length, np.asarray(groups.counts), secondary, primary, labels))
     return order[np.r_[labels[order][1:] != labels[order][:-1], True]]
 
 
@@ -570,8 +573,7 @@ def cluster_groups(groups: NameGroups) -> np.ndarray:
             codes: dict[str, int] = {}
             local = np.array([codes.setdefault(key, len(codes)) for key in keys], dtype=np.int64)
         elif entity_type == ORGANIZATION:
-            local = _labels_of(_cluster_fuzzy(keys, agree=lambda pairs, first=start: _descriptions_agree(
-                groups, [(first + a, first + b) for a, b in pairs])), stop - start)
+            local = _labels_of(_cluster_fuzzy(keys, agree=partial(_descriptions_agree, groups, offset=start)), stop - start)
         else:
             local = _labels_of(_cluster_fuzzy(keys), stop - start)
         labels[start:stop] = local + offset
@@ -674,7 +676,7 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     # Each mention gets its cluster's canonical; the method says whether its name is the canonical name.
     canonical = pl.Series("canonical_id", ids, dtype=pl.String).gather(cluster_of)
     method = pl.Series("method", methods, dtype=pl.String).gather(cluster_of)
-    is_alias = pl.Series(names, dtype=pl.String) != pl.Series(canonical_names, dtype=pl.String).gather(cluster_of)
+    is_alias = pl.Series(names, dtype=pl.String).ne_missing(pl.Series(canonical_names, dtype=pl.String).gather(cluster_of))
     method = pl.select(pl.when(is_alias).then(method + ":alias").otherwise(method)).to_series().alias("method")
     group = groups.rows["group"]
     mapped = pl.DataFrame([groups.rows["entity_id"], canonical.gather(group), method.gather(group),
@@ -682,7 +684,8 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     counts["mentions"] = mapped.height
     return Resolution(
         canonical_entities=canonical_entities.sort_by("canonical_id"),
-        mapping=mapped.sort("entity_id", maintain_order=True).to_arrow().cast(tables.ENTITY_RESOLUTION),
+        # by entity id (then canonical and method, so even a repeated id does not depend on row order)
+        mapping=mapped.sort(["entity_id", "canonical_id", "method"], nulls_last=True).to_arrow().cast(tables.ENTITY_RESOLUTION),
         counts=counts,
     )
 
@@ -718,8 +721,10 @@ def _assign_canonicals(groups: NameGroups, cluster_of: np.ndarray, representativ
         if canonical_id in taken:
             counts["clusters_sharing_a_canonical"] += 1
             r = representatives[number]
-            ids[number], canonical_names[number], methods[number] = _new_id(types[r], fold(names[r] + "#" + canonical_id)), names[r], "split"
-        taken.add(ids[number])
+            while canonical_id in taken:  # 'SU', 'Su' and 'su' stay apart but fold alike
+                canonical_id = _new_id(types[r], fold(names[r] + "#" + canonical_id))
+            ids[number], canonical_names[number], methods[number] = canonical_id, names[r], "split"
+        taken.add(canonical_id)
     return ids, canonical_names, methods, merges
 
 
