@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from threadpoolctl import threadpool_limits
 
+from tkg.arrays import run_starts
 from tkg.embeddings import embedding_matrix, normalise_rows
 
 ROW_CHUNK = 512  # incoming events per matrix product in a large block
@@ -110,16 +111,6 @@ class _Facts:
         self.dynamic = np.asarray(pc.equal(column("temporal_type"), "DYNAMIC").to_numpy(zero_copy_only=False), dtype=bool)
         # keys numbered in text order: rank ties break on the key text, whatever the input order
         self.key = pl.Series(column("fact_key")).rank("dense").to_numpy().astype(np.int64) - 1
-
-
-def _run_starts(*columns: np.ndarray) -> np.ndarray:
-    """Positions where a run of equal rows starts, for rows sorted on `columns`."""
-    if not len(columns[0]):
-        return np.zeros(0, dtype=np.int64)
-    changed = np.zeros(len(columns[0]) - 1, dtype=bool)
-    for column in columns:
-        changed |= column[1:] != column[:-1]
-    return np.flatnonzero(np.r_[True, changed])
 
 
 def _sorting(*keys: tuple[np.ndarray, int]) -> np.ndarray:
@@ -207,7 +198,7 @@ def _batch_ranks(f: _Facts, members: np.ndarray, labels: np.ndarray, min_cosine:
                 continue
             np.putmask(cosine, drop, -np.inf)
             keys = f.key[columns]
-            group_starts = _run_starts(keys)
+            group_starts = run_starts(keys)
             fact, r, best = _top_facts(cosine, group_starts, top_k)
             out.append((rows[r], keys[group_starts[fact]], best, np.full(len(r), dynamic_type, dtype=bool), row_labels[r]))
     return out
@@ -242,7 +233,7 @@ def _ranked(f: _Facts, blocks: pl.DataFrame, min_cosine: float, top_k: int) -> d
     owner = incoming * 2 + dynamic
     order = _sorting((owner, 2 * n), (key, facts))
     owner, key, cosine, block, group = owner[order], key[order], cosine[order], block[order], group[order]
-    runs = _run_starts(owner, key)
+    runs = run_starts(owner, key)
     owner, key = owner[runs], key[runs]
     cosine = np.maximum.reduceat(cosine, runs)
     block, group = np.minimum.reduceat(block, runs), np.minimum.reduceat(group, runs)
@@ -251,7 +242,7 @@ def _ranked(f: _Facts, blocks: pl.DataFrame, min_cosine: float, top_k: int) -> d
     # they sort exactly
     descending = 2**23 - np.rint(cosine.astype(np.float64) * 2**22).astype(np.int64)
     by_rank = _sorting((owner, 2 * n), (descending, 2**24 + 1), (key, facts))
-    starts = _run_starts(owner[by_rank])
+    starts = run_starts(owner[by_rank])
     rank = np.arange(len(by_rank)) - np.repeat(starts, np.diff(np.r_[starts, len(by_rank)]))
     chosen = np.zeros(len(owner), dtype=bool)
     chosen[by_rank[rank < top_k]] = True
@@ -338,7 +329,7 @@ def _earliest_pairs(f: _Facts, selected: dict[str, np.ndarray], min_cosine: floa
     rows = np.flatnonzero(candidate_dynamic)
     rows = rows[_sorting((f.key[incoming[rows]], facts), (key[rows], facts), (f.time_position[incoming[rows]], n))]
     xs_of = incoming[rows]
-    group_first = _run_starts(f.key[xs_of], key[rows])
+    group_first = run_starts(f.key[xs_of], key[rows])
     group_stop = np.r_[group_first[1:], len(rows)].astype(np.int64)
     group_id = np.repeat(np.arange(len(group_first)), group_stop - group_first)
     # every DYNAMIC restatement c of K, against its group's X
@@ -366,8 +357,8 @@ def _earliest_pairs(f: _Facts, selected: dict[str, np.ndarray], min_cosine: floa
     sort = np.argsort(composite)
     primary, secondary, cosine, block, group, composite = (a[sort] for a in (primary, secondary, cosine, block, group, composite))
     earliest = np.zeros(len(primary), dtype=bool)
-    earliest[_run_starts(primary, f.key[secondary])] = True
-    same_pair = _run_starts(composite)
+    earliest[run_starts(primary, f.key[secondary])] = True
+    same_pair = run_starts(composite)
     block, group = np.minimum.reduceat(block, same_pair), np.minimum.reduceat(group, same_pair)
     keep = earliest[same_pair]
     runs = same_pair[keep]

@@ -43,6 +43,7 @@ from nicknames import NickNamer
 from rapidfuzz import fuzz, process
 
 from tkg import tables
+from tkg.arrays import run_starts
 from tkg.companies import Company, load_companies
 from tkg.embeddings import embedding_matrix
 from tkg.names import company_for_name, fold, organisation_key
@@ -336,7 +337,7 @@ class NameGroups:
         matrix, present = embedding_matrix(taken.column("embedding"))
         if len(matrix) and matrix.shape[1] == self.organisation_width:
             owners = owners[present]
-            starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+            starts = run_starts(owners)
             totals = np.add.reduceat(matrix, starts, axis=0)
             for group, total in zip(owners[starts].tolist(), totals):
                 norm = np.linalg.norm(total)
@@ -392,6 +393,10 @@ class _UnionFind:
         if root_a != root_b:
             self.parent[max(root_a, root_b)] = min(root_a, root_b)
 
+    def labels(self) -> np.ndarray:
+        """Each item's root: items of one set share a label."""
+        return np.array([self.find(item) for item in range(len(self.parent))], dtype=np.int64)
+
 
 def _cluster_people(names: list[str], counts: list[int]) -> list[list[int]]:
     """Anchor clustering within surname blocks: the most complete names found clusters, and a
@@ -424,8 +429,8 @@ def _extends(short: str, long: str) -> bool:
     return long_words[: len(short_words)] == short_words and all(w in GENERIC_ORG_WORDS for w in long_words[len(short_words):])
 
 
-def _cluster_fuzzy(keys: list[str], agree: Callable[[list[tuple[int, int]]], list[bool]] | None = None) -> list[list[int]]:
-    """Fuzzy clustering of keys within blocks (first key token, and acronym for organisations),
+def _cluster_fuzzy(keys: list[str], agree: Callable[[list[tuple[int, int]]], list[bool]] | None = None) -> np.ndarray:
+    """The cluster label of each key: fuzzy clustering within blocks (first key token, and acronym for organisations),
     scored with rapidfuzz.process.cdist on all cores rather than pair loops in Python.
 
     `agree` is given for organisations only: it turns on acronym matching and settles names
@@ -480,10 +485,7 @@ def _cluster_fuzzy(keys: list[str], agree: Callable[[list[tuple[int, int]]], lis
         for (a, b), agreed in zip(undecided, agree(undecided)):
             if agreed:
                 finder.union(a, b)
-    clusters: dict[int, list[int]] = defaultdict(list)
-    for index in range(len(keys)):
-        clusters[finder.find(index)].append(index)
-    return list(clusters.values())
+    return finder.labels()
 
 
 def _descriptions_agree(groups: NameGroups, pairs: list[tuple[int, int]], offset: int = 0) -> list[bool]:
@@ -529,7 +531,7 @@ def _representatives(groups: NameGroups, labels: np.ndarray) -> np.ndarray:
         primary += _medoid_totals(groups, labels, scored)
     length = np.where(person, 0, np.array([len(f) for f in groups.folded], dtype=np.int64))
     order = np.lexsort((np.arange(size), length, np.asarray(groups.counts), secondary, primary, labels))
-    return order[np.r_[labels[order][1:] != labels[order][:-1], True]]
+    return order[np.r_[run_starts(labels[order])[1:], size] - 1]  # the last (largest) of each cluster
 
 
 def _medoid_totals(groups: NameGroups, labels: np.ndarray, scored: np.ndarray) -> np.ndarray:
@@ -540,7 +542,7 @@ def _medoid_totals(groups: NameGroups, labels: np.ndarray, scored: np.ndarray) -
     and a count is exact in float64, and so are these short sums, so the totals do not depend
     on the order they are added in."""
     members = scored[np.argsort(labels[scored], kind="stable")]  # cluster by cluster
-    starts = np.flatnonzero(np.r_[True, labels[members][1:] != labels[members][:-1]])
+    starts = run_starts(labels[members])
     lengths = np.diff(np.r_[starts, len(members)])
     left, right = [], []
     for length in np.unique(lengths).tolist():  # clusters of one size at a time: a matrix of members
@@ -573,9 +575,9 @@ def cluster_groups(groups: NameGroups) -> np.ndarray:
             codes: dict[str, int] = {}
             local = np.array([codes.setdefault(key, len(codes)) for key in keys], dtype=np.int64)
         elif entity_type == ORGANIZATION:
-            local = _labels_of(_cluster_fuzzy(keys, agree=partial(_descriptions_agree, groups, offset=start)), stop - start)
+            local = _cluster_fuzzy(keys, agree=partial(_descriptions_agree, groups, offset=start))
         else:
-            local = _labels_of(_cluster_fuzzy(keys), stop - start)
+            local = _cluster_fuzzy(keys)
         labels[start:stop] = local + offset
         offset += int(local.max()) + 1
         start = stop
@@ -761,8 +763,7 @@ def _join_registry_clusters(labels: np.ndarray, known: list[str | None], prior: 
         first, *others = sorted(clusters)
         for other in others:
             finder.union(first, other)
-    roots = np.array([finder.find(label) for label in range(len(finder.parent))], dtype=np.int64)
-    return _renumbered(roots[labels])
+    return _renumbered(finder.labels()[labels])
 
 
 def _seen_key(row: dict[str, Any]) -> tuple:
@@ -777,9 +778,3 @@ EXACT_TYPES = {ROLE, METRIC, NUMERIC}  # resolved by key equality alone, no fuzz
 
 def _alias_key(entity_type: str, name: str) -> str:
     return _KEY_OF.get(entity_type, fold)(name)
-
-
-def aliases_of(resolution: Resolution) -> Iterable[tuple[str, str]]:
-    for row in resolution.canonical_entities.to_pylist():
-        for alias in row["aliases"] or []:
-            yield alias, row["canonical_id"]
