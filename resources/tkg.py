@@ -4,12 +4,14 @@ backend (offline rules or an OpenAI-compatible LLM) and embedder run."""
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
+from tkg.build import Components, judge_code_version, stage_code_versions
 from tkg.embeddings import Embedder, WordLlamaEmbedder
 from tkg.extraction.base import Extractor
 from tkg.extraction.offline import OfflineExtractor
@@ -74,6 +76,10 @@ class ExtractionBackend(dg.ConfigurableResource):
     max_in_flight: int | None = Field(None, description="requests in flight at most (TKG_MAX_IN_FLIGHT)")
     service_tier: str | None = Field(None, description="e.g. flex (TKG_SERVICE_TIER)")
     home: str = Field(default_factory=default_home, description="where the response cache lives (<home>/cache)")
+    allow_partial: bool = Field(
+        default_factory=lambda: os.environ.get("TKG_ALLOW_PARTIAL", "") not in ("", "0", "false"),
+        description="Write what a stage extracted even when the provider left items unanswered, and say what is "
+                    "missing (TKG_ALLOW_PARTIAL). Off: such a stage fails and keeps the partition's last good output")
 
     def llm_settings(self) -> LLMSettings:
         settings = settings_from_env()
@@ -125,21 +131,45 @@ class ExtractionBackend(dg.ConfigurableResource):
     def chunk_embedder(self) -> Embedder:
         return WordLlamaEmbedder()
 
-    @staticmethod
-    def code_version_for(stage: str) -> str:
-        """Code version of an extraction stage, from the environment the definitions load in:
-        a hash of the prompt template, model and settings (or of the rule set), so a new prompt
-        or model marks the asset stale in the UI."""
-        if choose_backend() == "offline":
-            return OfflineExtractor().settings_fingerprint(stage)
+    def components(self) -> Components:
+        """The extractor and embedders the partitioned stages run with."""
+        return Components(self.extractor(), self.embedder(), self.chunk_embedder(), allow_partial=self.allow_partial)
+
+    def explicit_fields(self) -> dict[str, object]:
+        """The fields that were set (not left to their TKG_* variables), for worker processes."""
+        return {name: getattr(self, name) for name in ("backend", "embeddings", "base_url", "api_mode", "batch_size",
+                                                        "max_in_flight", "service_tier") if getattr(self, name) is not None}
+
+    def _fingerprint(self) -> Callable[[str], str]:
+        if self.resolved_backend() == "offline":
+            return OfflineExtractor().settings_fingerprint
         from tkg.llm.extractor import stage_fingerprint
 
-        return stage_fingerprint(settings_from_env(), stage)
+        settings = self.llm_settings()
+        return lambda stage: stage_fingerprint(settings, stage)
+
+    def embedder_name(self) -> str:
+        if choose_embeddings(self.embeddings, self.resolved_backend()) == "wordllama":
+            return WordLlamaEmbedder().name
+        settings = self.llm_settings()
+        return f"{settings.embedding_model}-{settings.embedding_dimensions}"
+
+    def code_versions(self) -> dict[str, str]:
+        """The code version of every partitioned stage (a hash of the prompt template, model and
+        settings, or of the rule set), without starting a client: a new prompt or model marks
+        the asset stale in the UI and makes `tkg build` rebuild what it shapes."""
+        return stage_code_versions(self._fingerprint(), self.embedder_name(), WordLlamaEmbedder().name)
+
+    def judge_code_version(self) -> str:
+        if self.resolved_backend() == "offline":
+            return judge_code_version(RuleJudge.name)
+        return judge_code_version(f"llm:{self.llm_settings().model('judge')}", self._fingerprint()("judge"))
 
 
-def extraction_backend_from_env() -> ExtractionBackend:
-    """The resource as `dagster dev` and `tkg build` configure it: the key comes from the
-    environment as an EnvVar, so Dagster shows the variable's name, never its value."""
+def extraction_backend_from_env(**fields: object) -> ExtractionBackend:
+    """The resource as `dagster dev` and `tkg build` configure it (with `fields` set
+    explicitly): the key comes from the environment as an EnvVar, so Dagster shows the
+    variable's name, never its value."""
     if os.environ.get("OPENAI_API_KEY"):
-        return ExtractionBackend(api_key=dg.EnvVar("OPENAI_API_KEY"))
-    return ExtractionBackend()
+        fields["api_key"] = dg.EnvVar("OPENAI_API_KEY")
+    return ExtractionBackend(**fields)

@@ -8,7 +8,7 @@ from datetime import date
 import dagster as dg
 
 from tkg.sources import load_source
-from tkg_assets.automation import new_transcripts_requests
+from tkg_assets.automation import stale_partition_requests
 from tkg_assets.definitions import defs
 from tkg_assets.partitions import partition_key
 
@@ -38,10 +38,28 @@ def test_global_assets_wait_for_the_whole_partition_then_refresh_together():
         assert _requested(result) == set()
 
 
-def test_schedule_requests_only_missing_partitions():
-    rows = load_source("sample").rows
-    done = {str(partition_key("HLIO", date(2024, 1, 1))), str(partition_key("QNTX", date(2024, 1, 1)))}
-    requests = new_transcripts_requests(rows, done)
-    keys = [str(r.partition_key) for r in requests]
-    assert len(keys) == 6 and not set(keys) & done
-    assert keys[0].endswith("2024-04-01")  # oldest first
+def test_schedule_requests_only_what_is_stale(tmp_path):
+    from tkg.build import Components, build_partition, global_code_versions
+    from tkg.embeddings import WordLlamaEmbedder
+    from tkg.extraction.offline import OfflineExtractor
+    from tkg.plan import plan_build
+    from tkg.store import ParquetStore
+
+    source = load_source("sample")
+    store = ParquetStore(tmp_path)
+    components = Components(OfflineExtractor(), WordLlamaEmbedder())
+    built = [("HLIO", date(2024, 1, 1)), ("QNTX", date(2024, 1, 1))]
+    for partition in built:
+        build_partition(store, partition, {"transcripts"}, components, source.rows_for(*partition))
+
+    def requests(code_versions):
+        plan = plan_build(store, source, source.partitions(), code_versions, global_code_versions("rules"))
+        return {str(r.partition_key): sorted(k.to_user_string() for k in r.asset_selection) for r in stale_partition_requests(plan)}
+
+    fresh = requests(components.code_versions)
+    assert len(fresh) == 6 and not {str(partition_key(*p)) for p in built} & set(fresh)
+    assert list(fresh)[0].endswith("2024-04-01")  # oldest first
+    assert all(stages == sorted(PARTITION_STEPS) for stages in fresh.values())
+    # a new triplet prompt: every partition again, but only triplets and what reads them
+    changed = requests({**components.code_versions, "triplets": "another-prompt"})
+    assert changed[str(partition_key(*built[0]))] == ["entities", "triplets"]

@@ -1,4 +1,5 @@
-"""`tkg build` on the bundled sample: one partition at a time, and in worker processes."""
+"""`tkg build` on the bundled sample: in one process and in workers, recorded in Dagster, and
+incremental (a second build with nothing changed does nothing)."""
 
 from __future__ import annotations
 
@@ -9,34 +10,60 @@ import sys
 import dagster as dg
 import duckdb
 
+from tkg.build import PARTITIONED_STAGES
+from tkg.store import ParquetStore
+from tkg.versions import read_stamp
 
-def _build(home, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TKG_HOME": str(home), "DAGSTER_HOME": str(home / "dagster_home")}
-    env.pop("OPENAI_API_KEY", None)
-    env.pop("TKG_LLM", None)
-    return subprocess.run([sys.executable, "-m", "tkg.cli", "build", *extra], env=env, capture_output=True, text=True, timeout=600)
+
+def _build(home, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "TKG_HOME": str(home), **(env or {})}
+    for name in ("OPENAI_API_KEY", "TKG_LLM", "DAGSTER_HOME"):
+        environment.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "tkg.cli", "build", *extra], env=environment, capture_output=True,
+                          text=True, timeout=600)
 
 
 def _history(home) -> list[tuple]:
     with duckdb.connect(str(home / "tkg.duckdb"), read_only=True) as connection:
         return connection.execute(
-            "SELECT event_id, subject_id, predicate, object_id, valid_at, invalid_at, invalidated_by FROM facts ORDER BY ALL"
+            "SELECT event_id, subject, subject_id, predicate, object_id, valid_at, invalid_at, invalidated_by FROM facts ORDER BY ALL"
         ).fetchall()
 
 
-def test_workers_build_the_same_graph_and_record_every_run(tmp_path):
-    sequential, parallel = _build(tmp_path / "one"), _build(tmp_path / "two", "--workers", "2")
+def test_workers_build_the_same_graph_record_every_partition_and_rebuild_nothing(tmp_path):
+    sequential, parallel = _build(tmp_path / "one", "--workers", "1"), _build(tmp_path / "two", "--workers", "2")
     assert sequential.returncode == 0, sequential.stderr[-3000:]
     assert parallel.returncode == 0, parallel.stderr[-3000:]
 
     history = _history(tmp_path / "one")
-    assert any(row[6] is not None for row in history)  # the sample's CFO change retires a fact
+    assert any(row[7] is not None for row in history)  # the sample's CFO change retires a fact
     assert _history(tmp_path / "two") == history
 
-    # every partition's run is in the shared DAGSTER_HOME, as if launched from the UI
-    instance = dg.DagsterInstance.from_config(str(tmp_path / "two" / "dagster_home"))
+    # one run built every partition, and Dagster holds each stage of each partition with the
+    # data version stamped in its Parquet file
+    home = tmp_path / "two"
+    instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
     try:
-        runs = instance.get_runs(dg.RunsFilter(job_name="ingest_partition"))
-        assert len(runs) == 8 and all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)
+        runs = {run.job_name: run for run in instance.get_runs()}
+        assert set(runs) == {"build_partitions", "refresh_graph"}
+        assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs.values())
+        store = ParquetStore(home)
+        for stage in PARTITIONED_STAGES:
+            key = dg.AssetKey(stage)
+            assert len(instance.get_materialized_partitions(key)) == 8
+            event = instance.get_latest_materialization_event(key).asset_materialization
+            company, quarter = str(event.partition).split("|")
+            stamp = read_stamp(store.partition_path(stage, company, quarter))
+            assert event.tags["dagster/data_version"] == stamp.version
+            assert event.metadata["dagster/row_count"].value >= 0
+    finally:
+        instance.dispose()
+
+    again = _build(home)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "up to date" in again.stderr
+    instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
+    try:
+        assert len(instance.get_runs()) == 2  # no new run
     finally:
         instance.dispose()

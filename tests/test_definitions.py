@@ -31,7 +31,7 @@ def test_partitioned_chain_and_lineage():
     graph = defs.resolve_asset_graph()
     parents = lambda name: {k.to_user_string() for k in graph.get(dg.AssetKey.from_user_string(name)).parent_keys}
     assert parents("chunks") == {"transcripts"}
-    assert parents("temporal_events") == {"statements"}
+    assert parents("temporal_events") == {"transcripts", "statements"}
     assert parents("invalidated_events") >= {"temporal_events", "triplets", "canonical_entities"}
     # dbt-style: a model depends on the models it selects from, and on the warehouse.
     assert parents("sql/facts") >= {"sql/events", "sql/triplets", "sql/transcripts", "warehouse"}

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from tests.conftest import CORPUS, needs_corpus
 from tkg import tables
-from tkg.build import BuildReport, build_graph, finish_graph, partitions_of, run_partition
+from tkg.build import BuildReport, Components, build_graph, finish_graph, partitions_of, run_partition
 from tkg.embeddings import WordLlamaEmbedder
 from tkg.extraction.offline import OfflineExtractor
 from tkg.invalidation import RuleJudge, invalidate
@@ -128,9 +128,9 @@ def _history(home) -> list[tuple]:
 
 def _build_in_order(home, source, partitions):
     store = ParquetStore(home)
-    extractor, embedder = OfflineExtractor(), WordLlamaEmbedder()
+    components = Components(OfflineExtractor(), WordLlamaEmbedder())
     for company, quarter in partitions:
-        run_partition(store, company, quarter, source, extractor, embedder)
+        run_partition(store, company, quarter, source, components)
         # global stages after every partition, as automation does when partitions land one by one
         finish_graph(store, RuleJudge(), None, BuildReport(partitions=[]))
     return _history(home)
@@ -155,12 +155,12 @@ def test_real_history_does_not_depend_on_partition_order(tmp_path):
     source = load_source(str(CORPUS))
     partitions = partitions_of(source, {"INTC"}, date(2016, 1, 1), date(2019, 12, 31))
     missed_last = [p for p in partitions if p != ("INTC", date(2017, 1, 1))] + [("INTC", date(2017, 1, 1))]
-    extractor, embedder = OfflineExtractor(), WordLlamaEmbedder()
+    components = Components(OfflineExtractor(), WordLlamaEmbedder())
     histories = []
     for name, order in (("forward", partitions), ("reverse", partitions[::-1]), ("missed_last", missed_last)):
         home = tmp_path / name
         for company, quarter in order:
-            run_partition(ParquetStore(home), company, quarter, source, extractor, embedder)
+            run_partition(ParquetStore(home), company, quarter, source, components)
         finish_graph(ParquetStore(home), RuleJudge(), None, BuildReport(partitions=order))
         histories.append(_history(home))
     assert histories[0] and histories[1] == histories[0] and histories[2] == histories[0]
@@ -171,7 +171,8 @@ def test_reingesting_a_partition_reopens_what_only_it_retired(tmp_path):
     Dana Whitfield's CFO facts, retired only by Marcus Ortega's, are open again."""
     source = load_source("sample")
     store = ParquetStore(tmp_path / "home")
-    build_graph(store, source, partitions_of(source), OfflineExtractor(), WordLlamaEmbedder(), RuleJudge())
+    components = Components(OfflineExtractor(), WordLlamaEmbedder())
+    build_graph(store, source, partitions_of(source), components, RuleJudge())
     whitfield = lambda: {(r["invalid_at"] is None) for r in _cfo_rows(store, "Dana Whitfield")}
     assert whitfield() == {False}
 
@@ -185,10 +186,9 @@ def test_reingesting_a_partition_reopens_what_only_it_retired(tmp_path):
         lines.append(json.dumps(row))
     corrected.write_text("\n".join(lines) + "\n")
     corrected_source = load_source(str(corrected))
-    extractor, embedder = OfflineExtractor(), WordLlamaEmbedder()
     for company, quarter in partitions_of(corrected_source, {"HLIO"}):
         if quarter.month >= 7:
-            run_partition(store, company, quarter, corrected_source, extractor, embedder)
+            run_partition(store, company, quarter, corrected_source, components)
     finish_graph(store, RuleJudge(), None, BuildReport(partitions=[]))
     assert whitfield() == {True}
 

@@ -107,20 +107,37 @@ def test_description_embeddings_settle_ambiguous_extensions():
     assert not same(table, resolution, "Orion", "Orion Cloud")
 
 
+def _live(resolution) -> dict[str, str]:
+    """canonical id -> name of the entities mentions resolve to."""
+    return {r["canonical_id"]: r["name"] for r in resolution.canonical_entities.to_pylist() if r["mention_count"]}
+
+
 def test_canonical_ids_are_stable_as_partitions_arrive():
     first = mentions(("Person", "Bob Swan"), ("Organization", "Acme Widgets"))
     before = resolve_entities(first)
-    ids_before = {r["name"]: r["canonical_id"] for r in before.canonical_entities.to_pylist() if r["mention_count"]}
-    # a later partition brings the full name; the canonical keeps its id and its name
+    # a later partition brings the full names: the ids stay, the names become the fuller ones
     later = mentions(("Person", "Bob Swan"), ("Organization", "Acme Widgets"), ("Person", "Robert H. Swan"),
                      ("Organization", "Acme Widgets Inc."))
     after = resolve_entities(later, before.canonical_entities)
-    ids_after = {r["name"]: r["canonical_id"] for r in after.canonical_entities.to_pylist() if r["mention_count"]}
-    assert ids_after == ids_before
-    assert set(clusters(after).values()) == set(ids_before.values())
+    assert set(_live(after)) == set(_live(before))
+    assert set(_live(after).values()) == {"Robert H. Swan", "Acme Widgets Inc."}
+    assert set(clusters(after).values()) == set(_live(before))
 
 
-def test_merges_of_existing_canonicals_are_recorded():
+def test_entities_do_not_depend_on_build_history():
+    # Built as a base and then one more call, or all at once: the same entities, names and
+    # ids, mention for mention (issue 10: 'Vijay Rakesh' against 'Vijay Raghavan Rakesh').
+    base = mentions(("Person", "Vijay Rakesh"), ("Organization", "Mizuho"))
+    everything = mentions(("Person", "Vijay Rakesh"), ("Organization", "Mizuho"), ("Person", "Vijay Raghavan Rakesh"),
+                          ("Organization", "Mizuho Securities"))
+    incremental = resolve_entities(everything, resolve_entities(base).canonical_entities)
+    at_once = resolve_entities(everything)
+    assert incremental.mapping.equals(at_once.mapping)
+    assert _live(incremental) == _live(at_once)
+    assert "Vijay Raghavan Rakesh" in _live(at_once).values()
+
+
+def test_retired_ids_are_kept_and_point_at_their_entity():
     # A registry from an older, narrower matcher holds 'Robert H. Swan' and 'Bob Swan' apart.
     def canonical(canonical_id, name, first_seen):
         return {"canonical_id": canonical_id, "name": name, "type": "Person", "description": "", "aliases": [name],
@@ -129,10 +146,11 @@ def test_merges_of_existing_canonicals_are_recorded():
                                 canonical("ent_old_bob", "Bob Swan", T0 + timedelta(days=90))], tables.CANONICAL_ENTITIES)
     joined = resolve_entities(mentions(("Person", "Robert H. Swan"), ("Person", "Bob Swan")), registry)
     rows = {r["canonical_id"]: r for r in joined.canonical_entities.to_pylist()}
-    assert set(clusters(joined).values()) == {"ent_old_robert"}  # the older canonical survives, unrenamed
-    assert rows["ent_old_robert"]["name"] == "Robert H. Swan"
-    assert rows["ent_old_bob"]["merged_into"] == "ent_old_robert"  # the other is kept, with the merge recorded
-    assert joined.counts["merges_recorded"] == 1
+    (live_id,) = set(clusters(joined).values())
+    assert rows[live_id]["name"] == "Robert H. Swan"
+    # both old ids are kept, with no mentions, and lead to the entity that holds their names
+    assert rows["ent_old_robert"]["merged_into"] == live_id and rows["ent_old_bob"]["merged_into"] == live_id
+    assert rows["ent_old_bob"]["mention_count"] == 0 and joined.counts["retired_ids_kept"] == 2
 
 
 def test_grouping_does_not_depend_on_row_order():

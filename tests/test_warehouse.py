@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from tkg.build import build_graph, partitions_of
+from tkg.build import Components, build_graph, partitions_of
 from tkg.embeddings import WordLlamaEmbedder
 from tkg.extraction.offline import OfflineExtractor
 from tkg.invalidation import RuleJudge
@@ -21,8 +21,8 @@ SURFACE = {"transcripts", "chunks", "statements", "events", "triplets", "entitie
 def sample_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("sample")
     source = load_source("sample")
-    build_graph(ParquetStore(home), source, partitions_of(source), OfflineExtractor(), WordLlamaEmbedder(), RuleJudge(),
-                home / "tkg.duckdb")
+    build_graph(ParquetStore(home), source, partitions_of(source), Components(OfflineExtractor(), WordLlamaEmbedder()),
+                RuleJudge(), home / "tkg.duckdb")
     return home
 
 

@@ -1,13 +1,20 @@
-"""The `tkg` command: build the graph in-process with Dagster, query it, open the UI."""
+"""The `tkg` command: build the graph incrementally with Dagster, query it, open the UI.
+
+Exit status: 0 done; 1 something could not be built (what was built before is kept, and
+tkg.duckdb is not replaced by a worse one); 2 a usage mistake (the message names the fix);
+3 built and published, but source rows were skipped or a partial result was kept;
+130 interrupted (nothing half-done is published; a rerun finishes the job).
+"""
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import date
+from functools import wraps
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -16,150 +23,252 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-app = typer.Typer(help="tkg: temporal knowledge graphs from earnings-call transcripts.", no_args_is_help=True)
+app = typer.Typer(help="tkg: temporal knowledge graphs from earnings-call transcripts.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, rich_markup_mode=None)
 console = Console(stderr=True)
+
+EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+
+class UsageError(Exception):
+    """A mistake in how tkg was called; the message says what to do instead."""
+
+
+@dataclass
+class _State:
+    debug: bool = False
+
+
+state = _State()
+
+
+@app.callback()
+def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False) -> None:
+    state.debug = debug
+
+
+def command(function: Callable) -> Callable:
+    """Turn errors into one clear line and an exit status (the traceback with --debug)."""
+
+    @wraps(function)
+    def wrapper(*args, **kwargs):
+        from tkg.build import HalfBuilt
+        from tkg.sources import SourceError
+
+        try:
+            return function(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except KeyboardInterrupt:
+            console.print("[red]interrupted: nothing half-done was published; rerun the command to finish[/]")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except (UsageError, SourceError, FileNotFoundError) as error:
+            if state.debug:
+                raise
+            console.print(f"[red]error:[/] {error}")
+            raise typer.Exit(EXIT_USAGE) from None
+        except HalfBuilt as error:
+            if state.debug:
+                raise
+            console.print(f"[red]error:[/] {error}")
+            raise typer.Exit(EXIT_FAILED) from None
+        except Exception as error:  # noqa: BLE001 - one line for the user, the traceback with --debug
+            if state.debug:
+                raise
+            console.print(f"[red]error:[/] {type(error).__name__}: {error} (run with --debug for the traceback)")
+            raise typer.Exit(EXIT_FAILED) from None
+
+    return wrapper
+
 
 HOME_OPTION = Annotated[
     Optional[Path], typer.Option("--home", help="Data folder (Parquet, caches, tkg.duckdb, Dagster runs). Default: $TKG_HOME or ./tkg_data")
 ]
 
 
-def _configure(home: Path | None, source: str | None = None) -> Path:
-    """Point tkg and Dagster at one persistent folder, so `dagster dev` later shows these runs."""
+@dataclass
+class Context:
+    """Where everything lives for one command; passed to resources, never written to os.environ."""
+
+    home: Path
+    dagster_home: Path
+    warehouse: Path
+    extra: dict = field(default_factory=dict)
+
+
+def _context(home: Path | None) -> Context:
+    from tkg_assets.instance import dagster_home_for
+
     home = (home or Path(os.environ.get("TKG_HOME", "tkg_data"))).expanduser().resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ["TKG_HOME"] = str(home)
-    dagster_home = Path(os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home")))
-    dagster_home.mkdir(parents=True, exist_ok=True)
-    instance_config = dagster_home / "dagster.yaml"
-    if not instance_config.exists():
-        # tkg runs offline by default: no usage statistics leave the machine unless you turn them on.
-        instance_config.write_text("telemetry:\n  enabled: false\n")
-    if source is not None:
-        os.environ["TKG_SOURCE"] = source
-    return home
+    warehouse = Path(os.environ.get("TKG_DUCKDB") or home / "tkg.duckdb").expanduser().resolve()
+    return Context(home=home, dagster_home=dagster_home_for(home), warehouse=warehouse)
+
+
+def _parse_date(value: str | None, option: str) -> date | None:
+    if value is None:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise UsageError(f"{option} {value!r} is not a date; write it as YYYY-MM-DD, e.g. {option} 2017-01-31") from None
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @app.command()
+@command
 def build(
     source: Annotated[str, typer.Option(help="'sample' (bundled), a .parquet/.jsonl/.csv file, or 'hf' for jlh-ibm/earnings_call")] = "sample",
     company: Annotated[Optional[list[str]], typer.Option("--company", "-c", help="Only these tickers (repeatable)")] = None,
     since: Annotated[Optional[str], typer.Option(help="Only calls on or after this date (YYYY-MM-DD)")] = None,
     until: Annotated[Optional[str], typer.Option(help="Only calls on or before this date (YYYY-MM-DD)")] = None,
     home: HOME_OPTION = None,
-    workers: Annotated[int, typer.Option(min=1, help="Partitions materialised at once, each run in its own process")] = 1,
+    workers: Annotated[Optional[int], typer.Option(min=1, help="Worker processes building partitions (default: one per core)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild every selected partition and the global steps, changed or not")] = False,
+    allow_partial: Annotated[bool, typer.Option(
+        "--allow-partial", help="Keep what a stage extracted when the provider left items unanswered, and publish; "
+                                "the output lists what is missing and the next build retries it")] = False,
 ) -> None:
-    """Materialise every partition of the source, then resolution, invalidation and the warehouse."""
-    home = _configure(home, source)
-    import logging
+    """Build what changed: new or changed calls, stages whose code (prompt, model, rules) changed,
+    then resolution, invalidation and tkg.duckdb. Says 'up to date' when nothing did."""
+    from tkg.build import global_code_versions, partitions_of
+    from tkg.companies import load_companies
+    from tkg.plan import plan_build
+    from tkg.sources import describe, load_source
+    from tkg.store import remove_orphaned_temporaries
+    from tkg.warehouse import published_stamp
 
-    import dagster as dg
-
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # Dagster's first-run schema migration chatter
-
-    from tkg.sources import load_source, quarter_start
-    from tkg_assets.definitions import defs
+    first, last = _parse_date(since, "--since"), _parse_date(until, "--until")
+    if first and last and first > last:
+        raise UsageError(f"--since {since} is after --until {until}; swap them")
+    wanted = {c.strip().upper() for c in company or []}
+    unknown = sorted(wanted - set(load_companies()))
+    if unknown:
+        raise UsageError(f"unknown company {', '.join(unknown)}; the registry knows {', '.join(sorted(load_companies()))} "
+                         "(add companies to tkg/config/companies.yaml or TKG_COMPANIES)")
+    where = _context(home)
+    workers = workers or default_workers()
+    removed = remove_orphaned_temporaries(where.home)
+    if removed:
+        console.print(f"removed {len(removed)} temporary file(s) a killed build left behind")
 
     loaded = load_source(source)
-    wanted = {c.upper() for c in company or []}
-    first = date.fromisoformat(since) if since else date.min
-    last = date.fromisoformat(until) if until else date.max
-    rows = [r for r in loaded.rows if (not wanted or r.company in wanted) and first <= r.call_date <= last]
-    from tkg.companies import load_companies
+    for problem in loaded.problems:
+        console.print(f"[yellow]source row skipped: {problem}[/]")
+    for duplicate in loaded.duplicates:
+        console.print(f"[yellow]duplicate source row: {duplicate}[/]")
+    selection = partitions_of(loaded, wanted or None, first, last)
+    if not selection and not loaded.problems:
+        raise UsageError(f"no calls in {describe(source)} match the filters; check --company, --since and --until")
 
-    unknown = sorted({r.company for r in rows} - set(load_companies()))
-    if unknown:
-        console.print(f"[yellow]skipping {', '.join(unknown)}: not in the company registry (tkg/config/companies.yaml)[/]")
-        rows = [r for r in rows if r.company not in unknown]
-    keys = sorted({(r.company, quarter_start(r.call_date)) for r in rows}, key=lambda k: (k[1], k[0]))
-    if not keys:
-        console.print(f"[red]nothing to build: no calls in {loaded.name} match the filters[/]")
-        raise typer.Exit(1)
-    for note in loaded.skipped:
-        console.print(f"[yellow]source row skipped: {note}[/]")
-    console.print(f"building {len(rows)} calls in {len(keys)} partitions from {loaded.name} into {home}")
-    console.print(f"extraction: {defs.resources['extraction'].describe()}")
+    storage, transcript_source, extraction = _resources(where, source, allow_partial)
+    plan = plan_build(storage.store, loaded, selection, extraction.code_versions(),
+                      global_code_versions(extraction.judge_code_version()), force=force,
+                      warehouse_stamp=published_stamp(where.warehouse))
+    for partition, problems in plan.held.items():
+        console.print(f"[yellow]{partition[0]}|{partition[1].isoformat()} kept as built: a source row of it cannot be read[/]")
+    skipped = bool(loaded.problems)
+    if plan.up_to_date:
+        console.print(f"up to date: {len(plan.current)} partition(s) of {describe(source)} and {where.warehouse}")
+        raise typer.Exit(EXIT_SKIPPED if skipped else 0)
 
-    if workers > 1:
-        # The request limit is per process: split it so that all workers together keep to it.
-        total = int(os.environ.get("TKG_MAX_IN_FLIGHT", "16"))
-        os.environ["TKG_MAX_IN_FLIGHT"] = str(max(1, total // workers))
-    instance = dg.DagsterInstance.get()
-    failed: list[str] = []
+    console.print(f"building {len(plan.work)} of {len(selection)} partition(s) from {describe(source)} into {where.home} "
+                  f"({len(plan.current)} up to date)")
+    console.print(f"extraction: {extraction.describe()}")
+    defs, instance = _dagster(where, storage, transcript_source, extraction)
     started = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("partitions", total=len(keys))
-        for key, success in _ingest(keys, workers, instance):
-            if not success:
-                failed.append(key)
-            progress.update(task, description=f"partition {key} {'done' if success else 'FAILED'}")
-            progress.advance(task)
-        progress.update(task, description="resolution, invalidation, warehouse")
-        refresh = defs.resolve_job_def("refresh_graph").execute_in_process(instance=instance, raise_on_error=False, run_config=_QUIET)
-    elapsed = time.perf_counter() - started
-    if failed:
-        console.print(f"[red]{len(failed)} partition(s) failed: {', '.join(failed)}; see `tkg dev` for the run logs[/]")
-    if not refresh.success:
-        console.print("[red]the refresh_graph run failed; see `tkg dev` for the run log[/]")
-        raise typer.Exit(1)
-    _print_counts(home)
-    console.print(f"done in {elapsed:.1f}s: {home / 'tkg.duckdb'}")
-    if failed:
-        raise typer.Exit(1)
+    failed = _ingest(defs, instance, plan, workers) if plan.work else []
+    if failed and not allow_partial:
+        console.print(f"[red]{len(failed)} partition(s) failed and kept their last good output; {where.warehouse} was "
+                      "not refreshed:[/]")
+        for key, error in failed:
+            console.print(f"[red]  {key}: {error}[/]")
+        console.print("rerun `tkg build` to retry them (answers already received are cached)")
+        raise typer.Exit(EXIT_FAILED)
+    error = _refresh(defs, instance)
+    if error:
+        console.print(f"[red]the global steps failed, {where.warehouse} keeps its last good contents: {error}[/]")
+        raise typer.Exit(EXIT_FAILED)
+    partial = _print_counts(where.warehouse)
+    console.print(f"done in {time.perf_counter() - started:.1f}s: {where.warehouse}")
+    if failed or partial or skipped:
+        raise typer.Exit(EXIT_SKIPPED)
 
 
-_QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the progress bar says enough
+def _resources(where: Context, source: str, allow_partial: bool = False):
+    from resources.tkg import TkgStorage, TranscriptSource, extraction_backend_from_env
+
+    return (TkgStorage(home=str(where.home), duckdb_path=str(where.warehouse)), TranscriptSource(source=source),
+            extraction_backend_from_env(home=str(where.home), allow_partial=allow_partial))
 
 
-def _ingest(keys: list[tuple[str, date]], workers: int, instance) -> Iterator[tuple[str, bool]]:
-    """Run the ingest_partition job once per (ticker, quarter), yielding (key, success) as runs end.
-    With workers > 1 the runs go to a pool of spawned processes sharing DAGSTER_HOME, as
-    `dagster dev`'s run workers do."""
-    if workers == 1:
-        for ticker, quarter in keys:
-            yield _ingest_one(ticker, quarter, instance)
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_ingest_one, ticker, quarter): f"{ticker}|{quarter}" for ticker, quarter in keys}
-        for future in as_completed(futures):
-            try:
-                yield future.result()
-            except Exception as error:  # a worker process died: the other partitions carry on
-                console.print(f"[red]partition {futures[future]}: worker failed: {error!r}[/]")
-                yield futures[future], False
-
-
-@functools.cache
-def _worker_instance():
-    import dagster as dg
-
-    return dg.DagsterInstance.get()
-
-
-def _ingest_one(ticker: str, quarter: date, instance=None) -> tuple[str, bool]:
+def _dagster(where: Context, storage, source, extraction):
     import logging
 
-    from tkg_assets.definitions import defs
-    from tkg_assets.partitions import partition_key
+    from tkg_assets.definitions import build_definitions
+    from tkg_assets.instance import fail_orphaned_runs, open_instance
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    key = partition_key(ticker, quarter)
-    result = defs.resolve_job_def("ingest_partition").execute_in_process(
-        partition_key=key, instance=instance or _worker_instance(), raise_on_error=False, run_config=_QUIET)
-    return str(key), result.success
-
-
-def _warehouse_path(home: Path) -> Path:
-    return Path(os.environ.get("TKG_DUCKDB") or home / "tkg.duckdb")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # Dagster's first-run schema migration chatter
+    instance = open_instance(where.dagster_home)
+    orphaned = fail_orphaned_runs(instance)
+    if orphaned:
+        console.print(f"marked {len(orphaned)} run(s) of killed builds as failed")
+    return build_definitions(storage, source, extraction), instance
 
 
-def _print_counts(home: Path) -> None:
+# The progress bar and the summary say enough; the run log in Dagster keeps every event.
+_QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+
+
+def _ingest(defs, instance, plan, workers: int) -> list[tuple[str, str]]:
+    """Run the build_partitions job; the failed partitions with their reasons."""
+    from tkg_assets import batch
+    from tkg_assets.instance import run_tags
+
+    failed: list[tuple[str, str]] = []
+    config = {"stages": {work.key: sorted(work.stages) for work in plan.work},
+              "reasons": {work.key: work.reason for work in plan.work}, "workers": workers}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("partitions", total=len(plan.work))
+
+        def observe(outcome) -> None:
+            if not outcome.ok:
+                failed.append((outcome.key, outcome.error))
+            progress.update(task, advance=1, description=f"partition {outcome.key} {'done' if outcome.ok else 'FAILED'}")
+
+        batch.observers.append(observe)
+        try:
+            defs.resolve_job_def("build_partitions").execute_in_process(
+                instance=instance, raise_on_error=False, tags=run_tags(),
+                run_config={**_QUIET, "ops": {"build_stale_partitions": {"config": config}}})
+        finally:
+            batch.observers.remove(observe)
+    return failed
+
+
+def _refresh(defs, instance) -> str | None:
+    """Run the global steps; None on success, else the first failure's message."""
+    from tkg_assets.instance import run_tags
+
+    result = defs.resolve_job_def("refresh_graph").execute_in_process(
+        instance=instance, raise_on_error=False, run_config=_QUIET, tags=run_tags())
+    if result.success:
+        return None
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
+            return f"{event.step_key}: {event.step_failure_data.error.message.strip().splitlines()[0]}"
+    return "the refresh_graph run failed; see `tkg dev` for its log"
+
+
+def _print_counts(path: Path) -> bool:
+    """Row counts of the published file; True when it was published from a partial result."""
     import duckdb
 
-    path = _warehouse_path(home)
+    from tkg.warehouse import published_stamp
+
     with duckdb.connect(str(path), read_only=True) as connection:
         table = Table("table", "rows", title=str(path))
         for name in ("transcripts", "chunks", "statements", "events", "triplets", "entities", "canonical_entities",
@@ -168,9 +277,15 @@ def _print_counts(home: Path) -> None:
         invalidated = connection.execute("SELECT count(*) FROM events WHERE invalidated_by IS NOT NULL").fetchone()[0]
         table.add_row("events invalidated", f"{invalidated:,}")
     console.print(table)
+    stamp = published_stamp(path)
+    if stamp is not None and stamp.missing:
+        console.print(f"[yellow]published from a partial result: {stamp.missing}[/]")
+        return True
+    return False
 
 
 @app.command()
+@command
 def sql(
     query: Annotated[Optional[str], typer.Argument(help="SQL to run; omit for an interactive prompt")] = None,
     home: HOME_OPTION = None,
@@ -178,17 +293,18 @@ def sql(
     """Query tkg.duckdb read-only (never blocks the pipeline)."""
     import duckdb
 
-    home = _configure(home)
-    path = _warehouse_path(home)
-    if not path.exists():
-        console.print(f"[red]{path} does not exist; run `tkg build` first[/]")
-        raise typer.Exit(1)
-    with duckdb.connect(str(path), read_only=True) as connection:
+    where = _context(home)
+    if not where.warehouse.exists():
+        raise UsageError(f"{where.warehouse} does not exist; run `tkg build` first")
+    with duckdb.connect(str(where.warehouse), read_only=True) as connection:
         connection.execute("SET TimeZone = 'UTC'")
         if query:
-            connection.sql(query).show(max_width=10_000)
+            try:
+                connection.sql(query).show(max_width=10_000)
+            except duckdb.Error as error:
+                raise UsageError(f"{str(error).splitlines()[0]}") from None
             return
-        console.print(f"{path} (read-only). End statements with ';', quit with Ctrl-D.")
+        console.print(f"{where.warehouse} (read-only). End statements with ';', quit with Ctrl-D.")
         buffer = ""
         while True:
             try:
@@ -207,12 +323,17 @@ def sql(
 
 
 @app.command()
+@command
 def dev(home: HOME_OPTION = None) -> None:
     """Open the Dagster UI on this data folder (`dagster dev -w workspace.yaml`)."""
-    _configure(home)
+    from tkg_assets.instance import open_instance
+
+    where = _context(home)
+    open_instance(where.dagster_home).dispose()
     workspace = Path("workspace.yaml")
     target = ["-w", str(workspace)] if workspace.exists() else ["-m", "tkg_assets.definitions"]
-    os.execvp("dagster", ["dagster", "dev", *target])
+    os.execvpe("dagster", ["dagster", "dev", *target],
+               {**os.environ, "DAGSTER_HOME": str(where.dagster_home), "TKG_HOME": str(where.home)})
 
 
 if __name__ == "__main__":

@@ -147,6 +147,7 @@ class InvalidationResult:
     judgments: pa.Table
     counts: Counter = field(default_factory=Counter)
     path: Path | None = None
+    stamp: object = None  # the tkg.versions.Stamp the tables were written with
 
 
 def canonical_triplets(triplets: pa.Table, mapping: pa.Table, canonical: pa.Table) -> pa.Table:

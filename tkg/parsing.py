@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 
 from tkg.companies import Company
@@ -50,6 +50,7 @@ class SourceRow:
     company: str
     call_date: date
     text: str
+    origin: str = field(default="", compare=False)  # where the row came from, for messages: 'calls.jsonl line 7'
 
 
 def split_affiliation(affiliation: str) -> tuple[str | None, str | None]:
@@ -115,7 +116,7 @@ def parse_transcript(row: SourceRow, company: Company) -> Transcript:
     sections, naming the transcript so the caller can count it as skipped.
     """
     text = row.text
-    label = f"transcript {row.company} {row.call_date.isoformat()}"
+    label = f"transcript {row.company} {row.call_date.isoformat()}" + (f" ({row.origin})" if row.origin else "")
     if not text or not text.strip():
         raise TranscriptParseError(f"{label} is empty; check the `transcript` column of the source row")
 

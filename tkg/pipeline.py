@@ -31,7 +31,7 @@ from tkg.extraction.base import (
 )
 from tkg.models import Chunk, RawStatement, TemporalEvent, TemporalType, Transcript, Turn
 from tkg.parsing import SourceRow, TranscriptParseError, parse_transcript
-from tkg.sources import quarter_start
+from tkg.partitions import quarter_start
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,9 @@ class StageResult:
     counts: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
     path: Path | None = None  # where the stage runner wrote the table
+    missing: Counter = field(default_factory=Counter)  # items a partial result lacks (see tkg.build)
+    extra: dict[str, Any] = field(default_factory=dict)  # JSON-able facts for the asset metadata
+    stamp: Any = None  # the tkg.versions.Stamp the output is written with
 
 
 def short_hash(*parts: object, length: int = 20) -> str:

@@ -17,10 +17,12 @@ against canonicals that already exist. What changes is how names are compared:
 - offices ('CFO of Intel Corporation') match exactly on (role, organisation); metrics and
   numbers match exactly; other types fuzzily with their digits required to agree.
 
-Grouping is computed from all current mentions at once and visits names in a fixed order, so
-it does not depend on the order partitions were ingested. Ids come from the previous registry
-when a cluster contains a name it already knew: existing canonicals are never renamed or
-re-keyed, and when one cluster joins two of them the older survives and the merge is recorded.
+Grouping is computed from all current mentions at once and visits names in a fixed order, and
+every live canonical (id, name, description, aliases) is a function of the mentions and the
+company registry alone, so the result does not depend on the order partitions were ingested or
+on earlier builds. A cluster's id hashes its earliest-seen name, which later calls never
+change, so ids stay stable as new partitions arrive; ids an earlier build issued that no
+longer name an entity are kept, with `merged_into` pointing at the entity holding their names.
 """
 
 from __future__ import annotations
@@ -615,65 +617,56 @@ class Resolution:
     mapping: pa.Table
     counts: Counter
     path: Path | None = None
+    stamp: Any = None  # the tkg.versions.Stamp the tables were written with
 
 
-def _known_canonicals(previous: pa.Table | None) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], str]]:
-    """Who already has an id: the registry companies, then the previous run's canonicals; and
-    each of their aliases' (type, key)."""
+def _registry_canonicals() -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], str]]:
+    """The configured companies as canonicals, and each of their aliases' (type, key)."""
     known_alias: dict[tuple[str, str], str] = {}
-    prior: dict[str, dict[str, Any]] = {}
+    registry: dict[str, dict[str, Any]] = {}
     for company in load_companies().values():
         canonical_id = registry_id(company)
-        prior[canonical_id] = {"canonical_id": canonical_id, "name": company.name, "type": ORGANIZATION,
-                               "description": f"{company.name} ({company.ticker})", "first_seen": None, "source": "registry",
-                               "aliases": sorted({company.name, company.ticker, *company.aliases})}
+        registry[canonical_id] = {"canonical_id": canonical_id, "name": company.name, "type": ORGANIZATION,
+                                  "description": f"{company.name} ({company.ticker})", "first_seen": None, "source": "registry",
+                                  "aliases": sorted({company.name, company.ticker, *company.aliases})}
         for alias in (company.name, company.ticker, *company.aliases):
             known_alias[(ORGANIZATION, organisation_key(alias))] = canonical_id
-    if previous is not None and previous.num_rows:
-        for row in previous.to_pylist():
-            if row["canonical_id"] in prior and prior[row["canonical_id"]]["source"] == "registry":
-                continue
-            prior[row["canonical_id"]] = row
-            if row.get("merged_into"):
-                continue
-            for alias in row.get("aliases") or [row["name"]]:
-                known_alias.setdefault((row["type"], _alias_key(row["type"], alias)), row["canonical_id"])
-    return prior, known_alias
+    return registry, known_alias
 
 
 def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Resolution:
-    """Resolve all mentions; `previous` is the last canonical registry (ids and names kept)."""
+    """Resolve all mentions.
+
+    Every live canonical (its id, name, description and aliases) is a function of the mentions
+    and the company registry alone, so the same mentions give the same entities however and in
+    whatever order they were built. A cluster's id hashes its earliest-seen name, which later
+    calls do not change, so ids stay stable as partitions arrive. `previous` (the last
+    registry) only contributes the ids it issued that no longer name a live entity: they are
+    kept, with `merged_into` pointing at the entity that now holds their names."""
     counts: Counter = Counter()
     groups = _group_mentions(mentions)
-    prior, known_alias = _known_canonicals(previous)
+    registry, known_alias = _registry_canonicals()
     known = [known_alias.get(pair) for pair in zip(groups.types, groups.keys)]
-    cluster_of = _join_registry_clusters(cluster_groups(groups), known, prior)  # group -> its cluster's number
+    cluster_of = _join_registry_clusters(cluster_groups(groups), known, registry)  # group -> its cluster's number
     names, types = groups.names, groups.types
     representatives = _representatives(groups, cluster_of).tolist()
 
-    ids, canonical_names, methods, merges = _assign_canonicals(groups, cluster_of, representatives, known, prior, counts)
-    taken = set(ids)
+    ids, canonical_names, methods = _assign_canonicals(groups, cluster_of, representatives, known, registry, counts)
     counts.update(f"clusters_{method}" for method in methods)
     columns = {
         "canonical_id": ids, "name": canonical_names, "type": [types[r] for r in representatives],
-        "description": [(prior.get(cid) or {}).get("description") or groups.descriptions[r] or "" for cid, r in zip(ids, representatives)],
+        "description": [(registry.get(cid) or {}).get("description") or groups.descriptions[r] or "" for cid, r in zip(ids, representatives)],
         "source": ["registry" if method == "registry" else "mentions" for method in methods],
     }
-    known_aliases = [(number, alias) for number, cid in enumerate(ids) if cid in prior for alias in prior[cid].get("aliases") or ()]
-
-    # Canonicals that still exist from earlier runs stay in the registry (never deleted).
-    kept = []
-    for canonical_id, row in prior.items():
-        if canonical_id in taken:
-            continue
-        row = {column: row.get(column) for column in tables.CANONICAL_ENTITIES.names}
-        row["mention_count"] = 0
-        row["merged_into"] = merges.get(canonical_id, row.get("merged_into"))
-        kept.append(row)
-    canonical_entities = pa.concat_tables([_cluster_table(columns, groups, cluster_of, known_aliases),
-                                           tables.to_table(kept, tables.CANONICAL_ENTITIES)])
-    counts["canonical_entities"] = len(representatives) + sum(1 for row in kept if not row["merged_into"])
-    counts["merges_recorded"] = len(merges)
+    known_aliases = [(number, alias) for number, cid in enumerate(ids) if cid in registry for alias in registry[cid]["aliases"]]
+    live = _cluster_table(columns, groups, cluster_of, known_aliases)
+    # Configured companies are entities even before a call mentions them (their names resolve).
+    unmentioned = [{**row, "mention_count": 0, "merged_into": None} for cid, row in sorted(registry.items()) if cid not in set(ids)]
+    live = pa.concat_tables([live, tables.to_table(unmentioned, tables.CANONICAL_ENTITIES)])
+    retired = _retired(previous, live, registry)
+    canonical_entities = pa.concat_tables([live, retired])
+    counts["canonical_entities"] = live.num_rows
+    counts["retired_ids_kept"] = retired.num_rows
 
     # Each mention gets its cluster's canonical; the method says whether its name is the canonical name.
     canonical = pl.Series("canonical_id", ids, dtype=pl.String).gather(cluster_of)
@@ -692,32 +685,57 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     )
 
 
-def _assign_canonicals(groups: NameGroups, cluster_of: np.ndarray, representatives: list[int], known: list[str | None],
-                       prior: dict[str, dict[str, Any]], counts: Counter) -> tuple[list[str], list[str], list[str], dict[str, str]]:
-    """Each cluster's canonical id, name and method, in cluster order, and the merges to record.
+def _retired(previous: pa.Table | None, live: pa.Table, registry: dict[str, dict[str, Any]]) -> pa.Table:
+    """Ids the previous registry issued that no longer name a live entity, never deleted: with
+    no mentions now, and `merged_into` the live entity that holds one of their names."""
+    if previous is None or not previous.num_rows:
+        return tables.CANONICAL_ENTITIES.empty_table()
+    live_ids = set(live.column("canonical_id").to_pylist())
+    holder: dict[tuple[str, str], str] = {}
+    for row in live.select(["canonical_id", "type", "aliases"]).to_pylist():
+        for alias in row["aliases"] or ():
+            holder.setdefault((row["type"], _alias_key(row["type"], alias)), row["canonical_id"])
+    kept = []
+    for row in previous.to_pylist():
+        if row["canonical_id"] in live_ids or row["canonical_id"] in registry:
+            continue
+        row = {column: row.get(column) for column in tables.CANONICAL_ENTITIES.names}
+        if not row["merged_into"] or row["merged_into"] not in live_ids:
+            names = [row["name"], *(row["aliases"] or ())]
+            row["merged_into"] = next((holder[(row["type"], _alias_key(row["type"], name))] for name in names
+                                       if name and (row["type"], _alias_key(row["type"], name)) in holder), None)
+        row["mention_count"] = 0
+        kept.append(row)
+    return tables.to_table(sorted(kept, key=lambda r: r["canonical_id"]), tables.CANONICAL_ENTITIES)
 
-    A cluster with a name an existing canonical knows keeps that canonical (the oldest, if it
-    knows several; the others are merged into it). Other clusters get a new id from their
-    representative's name. A cluster reaching an id an earlier cluster took is split off."""
+
+def _assign_canonicals(groups: NameGroups, cluster_of: np.ndarray, representatives: list[int], known: list[str | None],
+                       registry: dict[str, dict[str, Any]], counts: Counter) -> tuple[list[str], list[str], list[str]]:
+    """Each cluster's canonical id, name and method, in cluster order.
+
+    A cluster holding a configured company's name is that company (its registry id and legal
+    name). Any other cluster is named by its representative and keyed by its earliest-seen
+    name (ties by name): later calls never change that name, so the id stays put as
+    partitions arrive. A cluster reaching an id an earlier cluster took is split off."""
     names, types = groups.names, groups.types
-    candidates: dict[int, set[str]] = defaultdict(set)
+    first_seen = groups.seen["first_seen"].to_list()
+    earliest: dict[int, int] = {}
+    for group, number in enumerate(cluster_of.tolist()):
+        best = earliest.get(number)
+        if best is None or _seen_order(first_seen[group], names[group]) < _seen_order(first_seen[best], names[best]):
+            earliest[number] = group
+    ids = [_new_id(types[r], groups.folded[earliest[number]]) for number, r in enumerate(representatives)]
+    canonical_names = [names[r] for r in representatives]
+    methods = ["cluster"] * len(representatives)
+    companies: dict[int, set[str]] = defaultdict(set)
     for group, canonical_id in enumerate(known):
         if canonical_id:
-            candidates[int(cluster_of[group])].add(canonical_id)
-    merges: dict[str, str] = {}
-    ids = [_new_id(types[r], groups.folded[r]) if number not in candidates else "" for number, r in enumerate(representatives)]
-    canonical_names = [names[r] for r in representatives]
-    methods = ["new"] * len(representatives)
-    for number in sorted(candidates):
-        ordered = sorted(candidates[number], key=lambda cid: (prior[cid]["source"] != "registry", _seen_key(prior[cid]), cid))
-        canonical_id = ordered[0]
-        for other in ordered[1:]:
-            if prior[other]["source"] == "registry":
-                counts["registry_companies_in_one_cluster"] += 1  # never merge two configured companies
-                continue
-            merges[other] = canonical_id
-        ids[number], canonical_names[number] = canonical_id, prior[canonical_id]["name"]
-        methods[number] = "registry" if prior[canonical_id]["source"] == "registry" else "existing"
+            companies[int(cluster_of[group])].add(canonical_id)
+    for number, found in companies.items():
+        if len(found) > 1:
+            counts["registry_companies_in_one_cluster"] += 1  # never merge two configured companies
+        canonical_id = min(found)
+        ids[number], canonical_names[number], methods[number] = canonical_id, registry[canonical_id]["name"], "registry"
     taken: set[str] = set()
     for number, canonical_id in enumerate(ids):
         if canonical_id in taken:
@@ -727,7 +745,11 @@ def _assign_canonicals(groups: NameGroups, cluster_of: np.ndarray, representativ
                 canonical_id = _new_id(types[r], fold(names[r] + "#" + canonical_id))
             ids[number], canonical_names[number], methods[number] = canonical_id, names[r], "split"
         taken.add(canonical_id)
-    return ids, canonical_names, methods, merges
+    return ids, canonical_names, methods
+
+
+def _seen_order(seen: Any, name: str) -> tuple:
+    return (seen is None, seen.timestamp() if seen is not None else 0.0, name)
 
 
 def _cluster_table(columns: dict[str, list], groups: NameGroups, cluster_of: np.ndarray,
@@ -749,12 +771,12 @@ def _cluster_table(columns: dict[str, list], groups: NameGroups, cluster_of: np.
                      for field in tables.CANONICAL_ENTITIES}, schema=tables.CANONICAL_ENTITIES)
 
 
-def _join_registry_clusters(labels: np.ndarray, known: list[str | None], prior: dict) -> np.ndarray:
+def _join_registry_clusters(labels: np.ndarray, known: list[str | None], registry: dict) -> np.ndarray:
     """Clusters that name the same configured company are one entity, whatever the fuzzy
     matching made of them: 'INTC' and 'Intel Corporation' share no letters worth scoring."""
     by_company: dict[str, set[int]] = defaultdict(set)
     for group, canonical_id in enumerate(known):
-        if canonical_id and prior[canonical_id]["source"] == "registry":
+        if canonical_id and canonical_id in registry:
             by_company[canonical_id].add(int(labels[group]))
     if not by_company:
         return labels
@@ -764,11 +786,6 @@ def _join_registry_clusters(labels: np.ndarray, known: list[str | None], prior: 
         for other in others:
             finder.union(first, other)
     return _renumbered(finder.labels()[labels])
-
-
-def _seen_key(row: dict[str, Any]) -> tuple:
-    seen = row.get("first_seen")
-    return (0, seen.timestamp()) if seen is not None else (1, 0.0)
 
 
 # The key two names of one type must share to be the same entity (or to match a known alias).

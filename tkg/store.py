@@ -7,13 +7,54 @@ steps read the files through an in-memory DuckDB connection (no file lock either
 from __future__ import annotations
 
 import os
-import tempfile
+import re
+import secrets
+import socket
 from datetime import date
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+
+# Temporary files carry the host and process that write them, so a later run can tell the
+# leftovers of a killed writer from the files of a writer that is still at work.
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)-(?P<pid>\d+)\.[0-9a-f]{8}(?P<suffix>\.tmp|\.building)(?:\.wal)?$")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+
+
+def temporary_path(target: Path, suffix: str = ".tmp") -> Path:
+    """A unique temporary name beside `target`, for writing it and then swapping it in."""
+    return target.with_name(f".{target.name}.{_host()}-{os.getpid()}.{secrets.token_hex(4)}{suffix}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_orphaned_temporaries(root: Path) -> list[Path]:
+    """Delete the temporary files that writers on this host left behind when they were killed
+    (their process is gone); files of writers still running are left alone."""
+    removed = []
+    host = _host()
+    if not root.exists():
+        return removed
+    for path in root.rglob(".*"):
+        match = _TEMPORARY.match(path.name)
+        if match and match["host"] == host and not _alive(int(match["pid"])):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 class ParquetStore:
@@ -44,13 +85,12 @@ class ParquetStore:
     def write(self, path: Path, table: pa.Table) -> Path:
         """Write `table` to `path` atomically: a reader sees the old file or the new one, never half."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(handle)
+        temporary = temporary_path(path)
         try:
             pq.write_table(table, temporary, compression="zstd")
             os.replace(temporary, path)
         except BaseException:
-            Path(temporary).unlink(missing_ok=True)
+            temporary.unlink(missing_ok=True)
             raise
         return path
 

@@ -100,3 +100,68 @@ def to_table(records: Iterable[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """Rows (dicts) to an Arrow table with exactly `schema`'s columns, in order."""
     rows = list(records)
     return pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
+
+
+# What each column holds: shown in Dagster's column schema and kept in one place.
+COLUMN_DESCRIPTIONS: dict[str, str] = {
+    "transcript_id": "The call: ticker and call date, e.g. INTC_20161018",
+    "company": "Ticker of the company whose call it is (the partition's company)",
+    "quarter": "First day of the calendar quarter of the call date (the partition's quarter)",
+    "company_name": "The company's name as the transcript title gives it",
+    "call_date": "Date of the call",
+    "call_datetime": "Date and time of the call, UTC",
+    "title": "Title line of the transcript",
+    "doc_type": "Vendor line of the transcript (e.g. 'Thomson Reuters StreetEvents Event Transcript')",
+    "fiscal_quarter": "The company's own fiscal label, e.g. 'Q2 2021' (NVIDIA's and AMD's Q1 2019 differ)",
+    "fiscal_year": "Fiscal year of the call's fiscal quarter",
+    "fiscal_period_start": "First day of the fiscal quarter the call discusses",
+    "fiscal_period_end": "Last day of the fiscal quarter the call discusses",
+    "participants": "Corporate and conference-call participants with organisation and title",
+    "turns": "Speaker turns with their character offsets into `text`",
+    "content_sha256": "sha256 of the transcript text",
+    "text": "The transcript text (chunks and turns point into it by offset)",
+    "chunk_id": "Semantic chunk: a hash of transcript and offsets",
+    "chunk_index": "Position of the chunk in its transcript",
+    "kind": "participants, speech or summary",
+    "section": "Transcript section (Presentation, Questions and Answers, ...)",
+    "speaker": "Who said the chunk",
+    "start_offset": "First character of the chunk in transcripts.text",
+    "end_offset": "Character after the last of the chunk in transcripts.text",
+    "statement_id": "Atomic statement: a hash of chunk, position and text; also its event id",
+    "statement_index": "Position of the statement in its chunk",
+    "statement": "The atomic, self-contained statement",
+    "statement_hash": "sha256 of the normalised statement text (the cache and dedup key)",
+    "statement_type": "FACT, OPINION or PREDICTION",
+    "temporal_type": "STATIC, DYNAMIC or ATEMPORAL",
+    "event_id": "Temporal event (one per statement; equal to its statement_id)",
+    "valid_at": "When the fact began to hold (real-world time, UTC)",
+    "invalid_at": "When the fact stopped holding (real-world time, UTC); null while it holds",
+    "created_at": "When the fact entered the record: the call's time (transaction time, UTC)",
+    "expired_at": "When the record was retired: the time of the call that retired it (transaction time, UTC)",
+    "ingested_at": "Wall-clock time tkg computed the row",
+    "embedding": "Unit-length statement or description embedding",
+    "triplet_id": "Triplet: a hash of event, position and predicate",
+    "subject_name": "Subject as extracted", "object_name": "Object as extracted",
+    "subject_entity_id": "Entity mention of the subject", "object_entity_id": "Entity mention of the object",
+    "predicate": "One of the 20 predicates of the vocabulary (HOLDS_ROLE, HAS_REVENUE, ...)",
+    "value": "A quantity the triplet carries ('$1.48 billion', '61.9%')",
+    "seen_at": "Time of the call the mention comes from",
+    "entity_id": "Entity mention", "name": "Name as extracted (or the canonical name)", "type": "Entity type",
+    "description": "What the entity is, as the extractor described it",
+    "canonical_id": "Canonical entity: stable id", "aliases": "Every name the entity goes by",
+    "mention_count": "Mentions resolved to the entity (0: an id kept from an earlier build)",
+    "first_seen": "First call that mentions the entity", "last_seen": "Last call that mentions the entity",
+    "merged_into": "For an id no longer in use: the canonical entity that now holds its names",
+    "source": "registry (a configured company) or mentions",
+    "method": "How the mention was resolved: registry, cluster or split; ':alias' when its name is not the canonical name",
+    "invalidated_by": "The event whose statement retired this one",
+    "primary_event_id": "The older event the judge was asked about",
+    "secondary_event_id": "The newer event that may retire it",
+    "invalidates": "The judge's verdict", "reason": "The judge's reason", "judge": "Rules or the LLM model that judged",
+    "cosine": "Statement-embedding cosine of the pair", "shared_entity_id": "The canonical entity the pair shares",
+    "predicate_group": "Predicate group (1-4) of the pair",
+}
+
+
+def column_description(column: str) -> str | None:
+    return COLUMN_DESCRIPTIONS.get(column)

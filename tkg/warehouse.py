@@ -15,16 +15,17 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import duckdb
 import pyarrow as pa
 
 from tkg import tables
 from tkg.paths import sql_dir
-from tkg.store import ParquetStore
+from tkg.store import ParquetStore, temporary_path
+from tkg.versions import Stamp
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class PublishResult:
     raw_rows: dict[str, int] = field(default_factory=dict)
     models: list[str] = field(default_factory=list)
     size_bytes: int = 0
+    stamp: Stamp | None = None
 
 
 def _swap_in(temporary: Path, target: Path) -> None:
@@ -169,29 +171,53 @@ def _swap_in(temporary: Path, target: Path) -> None:
         wal.unlink()
 
 
-def publish(store: ParquetStore, target: Path, models: list[SqlModel] | None = None) -> PublishResult:
-    """Build a fresh warehouse file from the Parquet tree and swap it onto `target`."""
+# The oldest storage format DuckDB 1.x reads: the published file opens in any DuckDB 1.0+
+# client (the CLI, Python, R, DBeaver), not only in the release that wrote it.
+STORAGE_COMPATIBILITY = {"storage_compatibility_version": "v1.0.0"}
+
+
+def published_stamp(target: Path) -> Stamp | None:
+    """The stamp a published file was built with (None if absent or older than stamps)."""
+    if not Path(target).exists():
+        return None
+    try:
+        with duckdb.connect(str(target), read_only=True) as connection:
+            row = connection.execute("SELECT value FROM raw.build_info WHERE key = 'stamp'").fetchone()
+    except duckdb.Error:
+        return None
+    return Stamp.from_json(row[0]) if row else None
+
+
+def publish(store: ParquetStore, target: Path, models: list[SqlModel] | None = None, stamp: Stamp | None = None,
+            check: Callable[[duckdb.DuckDBPyConnection], None] | None = None) -> PublishResult:
+    """Build a fresh warehouse file from the Parquet tree and swap it onto `target`.
+
+    `check` runs on the finished file before the swap; if it raises, the file is discarded and
+    `target` keeps its last good contents."""
     target = Path(target).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     models = load_models() if models is None else models
-    handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".building", dir=target.parent)
-    os.close(handle)
-    temporary = Path(name)
-    temporary.unlink()  # duckdb wants to create the file itself
-    result = PublishResult(path=target)
+    temporary = temporary_path(target, ".building")
+    result = PublishResult(path=target, stamp=stamp)
     try:
-        with duckdb.connect(str(temporary)) as connection:
+        with duckdb.connect(str(temporary), config=STORAGE_COMPATIBILITY) as connection:
             connection.execute("CREATE SCHEMA raw")
+            connection.execute("CREATE TABLE raw.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
+            if stamp is not None:
+                connection.execute("INSERT INTO raw.build_info VALUES ('stamp', ?)", [stamp.to_json()])
             connection.execute("CREATE TABLE raw.sql_models (name VARCHAR PRIMARY KEY, sql_sha256 VARCHAR, description VARCHAR)")
             for raw in RAW_TABLES:
                 result.raw_rows[raw.name] = _load_raw(connection, store, raw)
             for model in models:
                 apply_model(connection, model)
                 result.models.append(model.name)
+            if check is not None:
+                check(connection)
             connection.execute("CHECKPOINT")
         _swap_in(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
+        temporary.with_name(temporary.name + ".wal").unlink(missing_ok=True)
     result.size_bytes = target.stat().st_size
     return result
 
@@ -208,9 +234,7 @@ def applied_sha256(target: Path, model: SqlModel) -> str | None:
 def reapply_model(target: Path, model: SqlModel) -> None:
     """Re-create one model in a copy of the published file and swap the copy in."""
     target = Path(target).resolve()
-    handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".building", dir=target.parent)
-    os.close(handle)
-    temporary = Path(name)
+    temporary = temporary_path(target, ".building")
     try:
         shutil.copyfile(target, temporary)
         with duckdb.connect(str(temporary)) as connection:
@@ -219,6 +243,7 @@ def reapply_model(target: Path, model: SqlModel) -> None:
         _swap_in(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
+        temporary.with_name(temporary.name + ".wal").unlink(missing_ok=True)
 
 
 @dataclass

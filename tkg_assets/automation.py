@@ -8,19 +8,21 @@ import dagster as dg
 GLOBAL_AUTOMATION = dg.AutomationCondition.eager().without(~dg.AutomationCondition.any_deps_missing())
 
 
-def new_transcripts_requests(loaded_rows, materialized: set[str]) -> list[dg.RunRequest]:
-    """One run per company x quarter that has a transcript in the source but no `transcripts`
-    materialisation yet, oldest first."""
-    from tkg.sources import quarter_start
+def stale_partition_requests(plan) -> list[dg.RunRequest]:
+    """One run per stale partition (a `tkg.plan.BuildPlan`), oldest first, materialising only the
+    stages that are out of date. The run key carries the partition's reason and stages, so a
+    tick repeats no request while the same work is pending, and a new change asks again."""
     from tkg_assets.partitions import partition_key
 
-    wanted = sorted({(row.company, quarter_start(row.call_date)) for row in loaded_rows}, key=lambda k: (k[1], k[0]))
     requests = []
-    for company, quarter in wanted:
-        key = partition_key(company, quarter)
-        if str(key) not in materialized:
-            requests.append(dg.RunRequest(partition_key=key, run_key=f"ingest:{key}"))
+    for work in plan.work:
+        key = partition_key(*work.partition)
+        stages = sorted(work.stages)
+        requests.append(dg.RunRequest(partition_key=key, asset_selection=[dg.AssetKey(stage) for stage in stages],
+                                      run_key=f"build:{key}:{'+'.join(stages)}:{work.reason}",
+                                      tags={"tkg/reason": work.reason[:200]}))
     return requests
+
 
 def refresh_after(selection: dg.AssetSelection, label: str) -> dg.AutomationCondition:
     """Eager, but only on updates of `selection`: an asset whose lineage names many upstream

@@ -84,11 +84,22 @@ class StageStats:
     cost_usd: float = 0.0
     dropped: Counter = field(default_factory=Counter)
     repaired: Counter = field(default_factory=Counter)
+    # Items that got no usable answer at all (after retries and a re-ask): the stage did not
+    # finish its work. Also counted in `dropped`, as every lost item is.
+    unanswered_items: Counter = field(default_factory=Counter)
+    last_error: str = ""
     latencies_ms: list[float] = field(default_factory=list)
 
     def drop(self, reason: str, count: int = 1) -> None:
         """An item that could not be used: counted, logged by the caller, never silent."""
         self.dropped[reason] += count
+
+    def unanswered(self, reason: str, count: int = 1, error: object = None) -> None:
+        """Items the provider never answered usably: dropped, and they make the stage incomplete."""
+        self.drop(reason, count)
+        self.unanswered_items[reason] += count
+        if error is not None:
+            self.last_error = str(error)
 
     def repair(self, reason: str, count: int = 1) -> None:
         """An item fixed deterministically and kept."""
@@ -105,6 +116,8 @@ class StageStats:
                                "retries", "rate_limited", "reasks", "cost_usd")})
         delta.dropped = self.dropped - earlier.dropped
         delta.repaired = self.repaired - earlier.repaired
+        delta.unanswered_items = self.unanswered_items - earlier.unanswered_items
+        delta.last_error = self.last_error if delta.unanswered_items else ""
         delta.latencies_ms = self.latencies_ms[len(earlier.latencies_ms):]
         return delta
 

@@ -87,6 +87,9 @@ class _Stages:
         self._stats: dict[str, StageStats] = {}
         self._reported: dict[str, StageStats] = {}
 
+    def settings_fingerprint(self, stage: str) -> str:
+        return stage_fingerprint(self.settings, stage)
+
     def stats(self, stage: str) -> StageStats:
         return self._stats.setdefault(stage, StageStats())
 
@@ -120,9 +123,6 @@ class LLMExtractor(_Stages):
 
     name = "openai"
 
-    def settings_fingerprint(self, stage: str) -> str:
-        return stage_fingerprint(self.settings, stage)
-
     def _key(self, stage: str, text: str) -> str:
         return cache_key(stage, self.settings.model(stage), template_sha256(TEMPLATES[stage]),
                          self.settings.fingerprint(stage), normalise(text))
@@ -147,7 +147,7 @@ class LLMExtractor(_Stages):
             statements = await self.client.structured("statements", prompt, StatementsOut,
                                                       lambda text: parse_statements(text, stats), stats)
         except (InvalidOutput, RequestFailed) as error:
-            stats.drop("chunk_without_usable_answer")
+            stats.unanswered("chunk_without_usable_answer", error=error)
             log.warning("statements: chunk %s of %s dropped: %s", chunk.chunk_id, chunk.transcript_id, error)
             return []
         self.cache.put(key, "statements", self.settings.model("statements"), [s.model_dump(mode="json") for s in statements])
@@ -195,8 +195,10 @@ class LLMExtractor(_Stages):
 
     def _batched(self, stage: str, keys: list[str], batch, model_type) -> dict:
         """Cache lookups per statement, then the misses in batches of `batch_size`, all in
-        flight together; statements a batch left out are asked once more, alone."""
+        flight together; statements a batch left out are asked once more, alone. Every answer
+        is cached the moment it arrives, so a killed build repeats only the requests in flight."""
         stats = self.stats(stage)
+        model = self.settings.model(stage)
         results: dict[int, object] = {}
         misses = []
         for index, key in enumerate(keys):
@@ -206,30 +208,31 @@ class LLMExtractor(_Stages):
                 results[index] = model_type.model_validate(cached)
             else:
                 misses.append(index)
+        errors: list[BaseException] = []
 
-        async def safe(indices: list[int]) -> dict:
+        async def safe(indices: list[int]) -> None:
             try:
-                return await batch(indices)
+                answered = await batch(indices)
             except (InvalidOutput, RequestFailed) as error:
                 log.warning("%s: %d statement(s) without a usable answer: %s", stage, len(indices), error)
-                return {}
+                errors.append(error)
+                return
+            for index, answer in answered.items():
+                results[index] = answer
+                self.cache.put(keys[index], stage, model, answer.model_dump(mode="json"))
 
         async def run() -> None:
-            found = await asyncio.gather(*(safe(group) for group in _batches(misses, self.settings.batch_size)))
-            for answered in found:
-                results.update(answered)
+            await asyncio.gather(*(safe(group) for group in _batches(misses, self.settings.batch_size)))
             missing = [i for i in misses if i not in results]
             if missing and self.settings.batch_size > 1:
-                for answered in await asyncio.gather(*(safe([i]) for i in missing)):
-                    results.update(answered)
+                await asyncio.gather(*(safe([i]) for i in missing))
 
         if misses:
             self.client.run(run())
-        for index in misses:
-            if index in results:
-                self.cache.put(keys[index], stage, self.settings.model(stage), results[index].model_dump(mode="json"))
-            else:
-                stats.drop(f"{stage}_statement_without_answer")
+        unanswered = sum(1 for index in misses if index not in results)
+        if unanswered:
+            stats.unanswered(f"{stage}_statement_without_answer", unanswered,
+                             errors[-1] if errors else "the answers left these statements out")
         return results
 
 
@@ -252,14 +255,22 @@ class OpenAIEmbedder(_Stages):
                 vectors[index] = cached
         groups = _batches([i for i in range(len(texts)) if i not in vectors], self.settings.embedding_batch_size)
 
-        async def run() -> list[np.ndarray]:
-            return list(await asyncio.gather(*(self.client.embed([texts[i] for i in group], stats) for group in groups)))
+        async def one(group: list[int]) -> None:
+            matrix = await self.client.embed([texts[i] for i in group], stats)
+            for index, vector in zip(group, matrix):  # cached as each answer arrives
+                vectors[index] = vector.tolist()
+                self.cache.put(keys[index], "embeddings", self.settings.embedding_model, vectors[index])
+
+        async def run() -> None:
+            outcomes = await asyncio.gather(*(one(group) for group in groups), return_exceptions=True)
+            failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+            if failures:  # the other batches were cached; the stage cannot finish without these
+                lost = sum(len(group) for group, outcome in zip(groups, outcomes) if isinstance(outcome, BaseException))
+                stats.unanswered("embedding_without_answer", lost, failures[0])
+                raise failures[0]
 
         if groups:
-            for group, matrix in zip(groups, self.client.run(run())):
-                for index, vector in zip(group, matrix):
-                    vectors[index] = vector.tolist()
-                    self.cache.put(keys[index], "embeddings", self.settings.embedding_model, vectors[index])
+            self.client.run(run())
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         return normalise_rows(np.asarray([vectors[i] for i in range(len(texts))], dtype=np.float32))
@@ -301,6 +312,8 @@ class LLMJudge(_Stages):
             if missing:
                 pending.append((case_index, missing))
 
+        last_error: list[BaseException] = []
+
         async def ask(case_index: int, candidate_indices: list[int]) -> None:
             case = cases[case_index]
             prompt = render(TEMPLATES["judge"], primary=self._view(case.primary),
@@ -310,6 +323,7 @@ class LLMJudge(_Stages):
                                                         lambda text: parse_verdicts(text, len(candidate_indices), stats), stats)
             except (InvalidOutput, RequestFailed) as error:
                 log.warning("judge: event %s: no usable verdicts: %s", case.primary.event_id, error)
+                last_error[:] = [error]
                 verdicts = {}
             for local, candidate_index in enumerate(candidate_indices):
                 if local not in verdicts:
@@ -329,7 +343,7 @@ class LLMJudge(_Stages):
             row = []
             for verdict in case_answers:
                 if verdict is None:
-                    stats.drop("pair_without_verdict")
+                    stats.unanswered("pair_without_verdict", error=last_error[0] if last_error else None)
                     verdict = Verdict(False, "no verdict from the judge; left valid (counted as dropped)")
                 row.append(verdict)
             result.append(row)

@@ -1,4 +1,9 @@
-"""What the asset modules share: ownership, backfill policy and metadata."""
+"""What the asset modules share: ownership, backfill policy, and the materialisation of a stage.
+
+A partitioned stage's materialisation carries the same metadata and versions whether a
+Dagster run of that asset made it (`materialize_stage`) or `tkg build` did, in worker
+processes, and recorded it afterwards (`tkg_assets.batch`): both go through `stage_metadata`.
+"""
 
 from collections import Counter
 from pathlib import Path
@@ -6,16 +11,31 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 
+from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, extraction_backend_from_env
+from tkg.build import STAGE_INPUTS, run_stage
+from tkg.runner import StageReport, report_of
+from tkg.tables import column_description
+from tkg.versions import Stamp
+from tkg_assets.partitions import partition_of
+
 OWNERS = ["team:tkg"]
 # One partition per run: each is independent, retryable and cost-attributable (notes: dagster #28861).
 PARTITIONED_BACKFILL = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
+RUN_PID_TAG, RUN_HOST_TAG = "tkg/pid", "tkg/host"
+# Code versions of the stages in the environment the definitions load in (prompt, model and
+# settings, or the rule set): a change marks the assets stale in the UI.
+CODE_VERSIONS = extraction_backend_from_env().code_versions()
+
+
+def column_schema(columns: list[tuple[str, str]]) -> dg.TableSchema:
+    return dg.TableSchema(columns=[dg.TableColumn(name, kind, description=column_description(name)) for name, kind in columns])
 
 
 def table_metadata(table: pa.Table, path: Path | None, counts: Counter | None = None, **extra: object) -> dict[str, object]:
     """Row count, path, column schema and the stage's counters, for MaterializeResult metadata."""
     metadata: dict[str, object] = {
         "dagster/row_count": table.num_rows,
-        "dagster/column_schema": dg.TableSchema(columns=[dg.TableColumn(f.name, str(f.type)) for f in table.schema]),
+        "dagster/column_schema": column_schema([(f.name, str(f.type)) for f in table.schema]),
     }
     if path is not None:
         metadata["path"] = dg.MetadataValue.path(str(path))
@@ -23,3 +43,43 @@ def table_metadata(table: pa.Table, path: Path | None, counts: Counter | None = 
         metadata[key] = int(value)
     metadata.update(extra)
     return metadata
+
+
+def stage_metadata(report: StageReport) -> dict[str, object]:
+    """The metadata of one stage of one partition."""
+    metadata: dict[str, object] = {
+        "dagster/row_count": report.rows,
+        "dagster/column_schema": column_schema(report.columns),
+        "path": dg.MetadataValue.path(report.path),
+    }
+    for key, value in sorted(report.counts.items()):
+        metadata[key] = int(value)
+    for key, value in sorted(report.extra.items()):
+        metadata[key] = dg.MetadataValue.json(value) if isinstance(value, (dict, list)) else value
+    if report.notes:
+        metadata["notes"] = dg.MetadataValue.md("\n".join(f"- {note}" for note in report.notes))
+    if report.missing:
+        metadata["missing"] = dg.MetadataValue.json(report.missing)
+    return metadata
+
+
+def version_tags(stage: str, stamp: Stamp) -> dict[str, str]:
+    """The data-version tags Dagster writes when an asset runs, for a materialisation that tkg
+    build recorded: code version, data version and the versions of the inputs."""
+    tags = {"dagster/code_version": stamp.code_version, "dagster/data_version": stamp.version}
+    for upstream in STAGE_INPUTS.get(stage, ()):
+        if upstream in stamp.inputs:
+            tags[f"dagster/input_data_version/{upstream}"] = stamp.inputs[upstream]
+    return tags
+
+
+def materialize_stage(context: dg.AssetExecutionContext, stage: str, storage: TkgStorage, extraction: ExtractionBackend,
+                      source: TranscriptSource | None = None) -> dg.MaterializeResult:
+    """Run one stage of the partition being materialised and describe what it wrote."""
+    company, quarter = partition_of(context)
+    result = run_stage(storage.store, stage, company, quarter, extraction.components(),
+                       source.load() if source is not None else None)
+    for note in result.notes:
+        context.log.info(note)
+    return dg.MaterializeResult(metadata=stage_metadata(report_of(stage, result)),
+                                data_version=dg.DataVersion(result.stamp.version))

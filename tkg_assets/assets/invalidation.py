@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from resources.tkg import ExtractionBackend, TkgStorage
+from resources.tkg import ExtractionBackend, TkgStorage, extraction_backend_from_env
 from tkg.build import run_invalidation
 from tkg_assets.assets.common import OWNERS, table_metadata
 from tkg_assets.assets.extraction import temporal_events, triplets
@@ -15,7 +15,7 @@ from tkg_assets.automation import GLOBAL_AUTOMATION
     kinds={"python", "duckdb", "parquet"},
     owners=OWNERS,
     deps=[temporal_events, triplets, canonical_entities],
-    code_version=ExtractionBackend.code_version_for("judge"),
+    code_version=extraction_backend_from_env().judge_code_version(),
     automation_condition=GLOBAL_AUTOMATION,
 )
 def invalidated_events(context: dg.AssetExecutionContext, storage: TkgStorage, extraction: ExtractionBackend) -> dg.MaterializeResult:
@@ -24,5 +24,6 @@ def invalidated_events(context: dg.AssetExecutionContext, storage: TkgStorage, e
     all events, so the result never depends on the order partitions arrived in. Every judgment
     and its reason is kept for audit."""
     judge = extraction.judge()
-    result = run_invalidation(storage.store, judge)
-    return dg.MaterializeResult(metadata=table_metadata(result.event_invalidations, result.path, result.counts, judge=judge.name))
+    result = run_invalidation(storage.store, judge, extraction.allow_partial)
+    return dg.MaterializeResult(metadata=table_metadata(result.event_invalidations, result.path, result.counts, judge=judge.name),
+                                data_version=dg.DataVersion(result.stamp.version))

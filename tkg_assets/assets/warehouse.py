@@ -4,7 +4,8 @@
 import dagster as dg
 
 from resources.tkg import TkgStorage
-from tkg.warehouse import SqlModel, applied_sha256, describe_model, load_models, publish, reapply_model
+from tkg.build import run_warehouse, warehouse_code_version
+from tkg.warehouse import SqlModel, applied_sha256, describe_model, load_models, reapply_model
 from tkg_assets.assets.common import OWNERS
 from tkg_assets.automation import SQL_MODEL_AUTOMATION, WAREHOUSE_AUTOMATION
 
@@ -18,7 +19,7 @@ PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "tr
     kinds={"duckdb"},
     owners=OWNERS,
     deps=list(PIPELINE_ASSETS),
-    code_version="warehouse-1",
+    code_version=warehouse_code_version(),
     pool=DUCKDB_POOL,
     automation_condition=WAREHOUSE_AUTOMATION,
 )
@@ -26,8 +27,8 @@ def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.Mate
     """Publishes tkg.duckdb: a fresh file holding the Parquet tables (schema `raw`) and every
     SQL model, swapped into place atomically, so readers never block the pipeline and always
     see a consistent snapshot. Query it with `duckdb -readonly` or `tkg sql`."""
-    result = publish(storage.store, storage.warehouse_path)
-    return dg.MaterializeResult(metadata={
+    result = run_warehouse(storage.store, storage.warehouse_path)
+    return dg.MaterializeResult(data_version=dg.DataVersion(result.stamp.version), metadata={
         "path": dg.MetadataValue.path(str(result.path)),
         "size_bytes": result.size_bytes,
         "raw_rows": dg.MetadataValue.json(result.raw_rows),

@@ -1,0 +1,212 @@
+"""Build many partitions at once, in worker processes, for `tkg build`.
+
+Each worker rebuilds whole partitions (`tkg.build.build_partition`): every stale stage of a
+partition in memory, then its files, so a failure, a Ctrl-C or a kill leaves each partition
+either as it was or fully rebuilt. Workers die with the process that started them (Linux
+`PR_SET_PDEATHSIG`, and a watchdog elsewhere) and ignore Ctrl-C, which the parent handles by
+stopping them all. Nothing here imports dagster; the Dagster op that records the results
+(`tkg_assets.batch`) drives this module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Everything a worker needs to build its own components (never the API key: workers read
+    OPENAI_API_KEY from the environment they inherit)."""
+
+    home: str
+    source: str
+    extraction: dict[str, Any]  # the ExtractionBackend fields that were set
+    allow_partial: bool = False
+
+
+@dataclass(frozen=True)
+class PartitionTask:
+    company: str
+    quarter: date
+    stages: tuple[str, ...]
+    reason: str
+
+
+@dataclass
+class StageReport:
+    """What a Dagster materialisation of one stage of one partition needs, as plain data."""
+
+    stage: str
+    rows: int
+    columns: list[tuple[str, str]]
+    path: str
+    stamp: str  # Stamp.to_json()
+    counts: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    missing: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class PartitionOutcome:
+    task: PartitionTask
+    reports: list[StageReport] = field(default_factory=list)
+    error: str | None = None  # one line
+    detail: str | None = None  # the traceback, for --debug and the run log
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def key(self) -> str:
+        return f"{self.task.company}|{self.task.quarter.isoformat()}"
+
+
+def report_of(stage: str, result) -> StageReport:
+    table = result.table
+    return StageReport(stage=stage, rows=table.num_rows, columns=[(f.name, str(f.type)) for f in table.schema],
+                       path=str(result.path), stamp=result.stamp.to_json(),
+                       counts={key: int(value) for key, value in result.counts.items()}, notes=list(result.notes),
+                       extra=dict(result.extra), missing={key: int(value) for key, value in result.missing.items()})
+
+
+# --- in a worker -----------------------------------------------------------------------------
+
+_COMPONENTS: dict[str, Any] = {}
+
+
+def _components(spec: BackendSpec):
+    identity = repr(spec)
+    if identity not in _COMPONENTS:
+        from resources.tkg import ExtractionBackend
+        from tkg.build import Components
+
+        backend = ExtractionBackend(home=spec.home, **spec.extraction)
+        _COMPONENTS[identity] = Components(backend.extractor(), backend.embedder(), backend.chunk_embedder(),
+                                           allow_partial=spec.allow_partial)
+    return _COMPONENTS[identity]
+
+
+def build_one(spec: BackendSpec, task: PartitionTask) -> PartitionOutcome:
+    """Rebuild one partition's stale stages; every error is caught and described."""
+    from tkg.build import StageIncomplete, build_partition
+    from tkg.sources import load_source
+    from tkg.store import ParquetStore
+
+    started = time.perf_counter()
+    outcome = PartitionOutcome(task)
+    try:
+        rows = load_source(spec.source).rows_for(task.company, task.quarter)
+        results = build_partition(ParquetStore(spec.home), (task.company, task.quarter), set(task.stages),
+                                  _components(spec), rows)
+        outcome.reports = [report_of(stage, result) for stage, result in results.items()]
+    except StageIncomplete as error:
+        outcome.error = str(error)
+    except Exception as error:  # noqa: BLE001 - one partition's failure must not stop the others
+        outcome.error = f"{type(error).__name__}: {error}"
+        outcome.detail = traceback.format_exc()
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make this process die when `parent` does, even if the parent is killed with -9."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:  # for platforms without PR_SET_PDEATHSIG
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="tkg-parent-watch", daemon=True).start()
+
+
+def _worker_init(parent: int, environment: dict[str, str]) -> None:
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C stops
+    os.environ.update(environment)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+# --- in the parent ---------------------------------------------------------------------------
+
+
+def run_partitions(spec: BackendSpec, tasks: list[PartitionTask], workers: int,
+                   worker_environment: dict[str, str] | None = None) -> Iterator[PartitionOutcome]:
+    """Build `tasks`, yielding each outcome as it lands. With one worker the partitions are
+    built in this process; otherwise in `workers` spawned processes. On KeyboardInterrupt (or
+    when the caller stops iterating) the workers are killed at once and nothing more starts."""
+    if workers <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            yield build_one(spec, task)
+        return
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=context, initializer=_worker_init,
+                               initargs=(os.getpid(), dict(worker_environment or {})))
+    pending: dict[Future, PartitionTask] = {}
+    queue = list(tasks)
+    finished = False
+    try:
+        # Keep each worker busy with one partition at a time: a stop loses at most those.
+        while queue or pending:
+            while queue and len(pending) < workers:
+                task = queue.pop(0)
+                pending[pool.submit(build_one, spec, task)] = task
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                task = pending.pop(future)
+                try:
+                    yield future.result()
+                except Exception as error:  # the worker process died (killed, out of memory)
+                    yield PartitionOutcome(task, error=f"the worker building it died ({type(error).__name__}: {error})")
+        finished = True
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:
+            kill_workers(pool)
+
+
+def kill_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop every worker now (Python 3.11 has no public call for it)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        try:
+            process.kill()
+        except (OSError, ValueError):
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.join(timeout=5)
+
+
+def partition_tasks(plans) -> list[PartitionTask]:
+    return [PartitionTask(plan.partition[0], plan.partition[1], tuple(sorted(plan.stages)), plan.reason) for plan in plans]
+
+
+Observer = Callable[[PartitionOutcome], None]

@@ -1,0 +1,74 @@
+"""`build_partitions`: the job `tkg build` runs to rebuild many partitions in one Dagster run.
+
+The UI materialises one partition per run (each asset a step). For a whole corpus that costs
+Dagster's per-run and per-step overhead 187 times over, so `tkg build` instead runs this one-op
+job: the op builds the stale partitions in worker processes (`tkg.runner`) and records, as
+each partition lands, a materialisation of every stage it rebuilt, with the same metadata,
+code version and data version the asset itself would record. The UI shows every partition
+materialised by this run, and staleness agrees between the two paths.
+"""
+
+from collections.abc import Callable
+
+import dagster as dg
+
+from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
+from tkg.partitions import parse_key
+from tkg.runner import BackendSpec, PartitionOutcome, PartitionTask, run_partitions
+from tkg.versions import Stamp
+from tkg_assets.assets.common import stage_metadata, version_tags
+from tkg_assets.partitions import partition_key
+
+# Callbacks the CLI registers to follow the op's progress in its own process.
+observers: list[Callable[[PartitionOutcome], None]] = []
+
+
+class PartitionsToBuild(dg.Config):
+    """Which stages of which partitions to rebuild, and why (from `tkg.plan`)."""
+
+    stages: dict[str, list[str]]  # partition key -> stages
+    reasons: dict[str, str] = {}
+    workers: int = 1
+
+
+def backend_spec(storage: TkgStorage, source: TranscriptSource, extraction: ExtractionBackend, workers: int) -> BackendSpec:
+    fields = extraction.explicit_fields()
+    # The request limit is per process: split it so that all workers together keep to it.
+    fields["max_in_flight"] = max(1, extraction.llm_settings().max_in_flight // max(1, workers))
+    return BackendSpec(home=storage.home, source=source.source, extraction=fields, allow_partial=extraction.allow_partial)
+
+
+@dg.op(out={}, description="Rebuild the stale stages of many partitions in worker processes, and record each stage's "
+                   "materialisation as its partition lands.")
+def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToBuild, storage: TkgStorage,
+                           source: TranscriptSource, extraction: ExtractionBackend):
+    tasks = []
+    for key, stages in config.stages.items():
+        company, quarter = parse_key(key)
+        tasks.append(PartitionTask(company, quarter, tuple(stages), config.reasons.get(key, "")))
+    context.log.info(f"building {len(tasks)} partition(s) with {config.workers} worker(s); {extraction.describe()}")
+    failed: list[PartitionOutcome] = []
+    for outcome in run_partitions(backend_spec(storage, source, extraction, config.workers), tasks, config.workers):
+        for observer in observers:
+            observer(outcome)
+        if not outcome.ok:
+            failed.append(outcome)
+            context.log.error(f"{outcome.key}: {outcome.error}" + (f"\n{outcome.detail}" if outcome.detail else ""))
+            continue
+        key = partition_key(outcome.task.company, outcome.task.quarter)
+        for report in outcome.reports:
+            yield dg.AssetMaterialization(asset_key=report.stage, partition=key, metadata=stage_metadata(report),
+                                          tags=version_tags(report.stage, Stamp.from_json(report.stamp)))
+    if failed:
+        raise dg.Failure(
+            description=f"{len(failed)} of {len(tasks)} partition(s) failed and kept their last good output: "
+                        + "; ".join(f"{outcome.key}: {outcome.error}" for outcome in failed[:5])
+                        + (" ..." if len(failed) > 5 else ""),
+            metadata={"failed_partitions": dg.MetadataValue.json({outcome.key: outcome.error for outcome in failed})},
+        )
+
+
+@dg.job(description="What `tkg build` runs: the stale partitions of the source, many per run, in worker processes. "
+                    "Each stage's materialisation is recorded as if the asset had run.")
+def build_partitions():
+    build_stale_partitions()

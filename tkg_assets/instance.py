@@ -1,0 +1,104 @@
+"""The Dagster instance tkg runs on: where it lives, its configuration, and its housekeeping.
+
+- `$TKG_HOME/dagster_home` unless the user points DAGSTER_HOME at their own instance.
+- Its `dagster.yaml` comes from tkg's template (`tkg/config/dagster.yaml`): telemetry off, a
+  run queue sized to the machine, run monitoring, and the concurrency pools.
+- First-time set-up (Dagster creates its SQLite schemas on first use) happens under a file
+  lock, so two builds started at once on a fresh home both succeed.
+- Runs that a killed `tkg build` left STARTED are marked failed at the next start, so
+  automation, which waits while any run is in progress, resumes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+
+import tkg
+
+from tkg_assets.assets.common import RUN_HOST_TAG, RUN_PID_TAG
+
+TEMPLATE = Path(tkg.__file__).resolve().parent / "config" / "dagster.yaml"
+MANAGED_MARKER = "# managed by tkg"
+
+
+def dagster_home_for(home: Path) -> Path:
+    """DAGSTER_HOME if the user set one, else the instance inside tkg's data folder."""
+    configured = os.environ.get("DAGSTER_HOME")
+    return Path(configured).expanduser().resolve() if configured else home / "dagster_home"
+
+
+def instance_config() -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return TEMPLATE.read_text().replace("{max_concurrent_runs}", str(max(1, cores)))
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (created if needed) for the duration of the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def prepare_dagster_home(dagster_home: Path) -> None:
+    """Write tkg's instance configuration, unless the folder holds one the user wrote."""
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    config = dagster_home / "dagster.yaml"
+    wanted = instance_config()
+    if not config.exists() or (config.read_text().startswith(MANAGED_MARKER) and config.read_text() != wanted):
+        temporary = config.with_name(f".dagster.yaml.{os.getpid()}")
+        temporary.write_text(wanted)
+        os.replace(temporary, config)
+
+
+def open_instance(dagster_home: Path) -> dg.DagsterInstance:
+    """The instance at `dagster_home`, set up under a lock so concurrent first uses do not race
+    on Dagster's schema creation."""
+    with locked(dagster_home.parent / f".{dagster_home.name}.lock"):
+        prepare_dagster_home(dagster_home)
+        instance = dg.DagsterInstance.from_config(str(dagster_home))
+        # Touch every storage now, while holding the lock: that is when the schemas are made.
+        instance.get_runs(limit=1)
+        instance.get_latest_materialization_event(dg.AssetKey("transcripts"))
+        instance.all_instigator_state()
+    return instance
+
+
+def run_tags() -> dict[str, str]:
+    """Tags that let a later start tell whether the process running a run is still alive."""
+    return {RUN_PID_TAG: str(os.getpid()), RUN_HOST_TAG: socket.gethostname()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
+    """Mark failed the runs a killed tkg process left in progress on this host."""
+    orphaned = []
+    in_progress = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.NOT_STARTED,
+                   dg.DagsterRunStatus.CANCELING]
+    for run in instance.get_runs(dg.RunsFilter(statuses=in_progress, tags={RUN_HOST_TAG: socket.gethostname()})):
+        pid = run.tags.get(RUN_PID_TAG, "")
+        if pid.isdigit() and not _alive(int(pid)):
+            instance.report_run_failed(run, message=f"the tkg process running it (pid {pid}) is gone (killed?); "
+                                                    "marked failed at the next start")
+            orphaned.append(run.run_id)
+    return orphaned
