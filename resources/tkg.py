@@ -2,29 +2,20 @@
 backend (offline rules or an OpenAI-compatible LLM) and embedder run."""
 
 
-import logging
 import os
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
-from tkg.build import Components, judge_code_version, stage_code_versions
-from tkg.embeddings import Embedder, WordLlamaEmbedder
+from tkg.backend import Backend, allow_partial_from_env, default_home
+from tkg.embeddings import Embedder
 from tkg.extraction.base import Extractor
-from tkg.extraction.offline import OfflineExtractor
-from tkg.invalidation import Judge, RuleJudge
-from tkg.llm.settings import LLMSettings, choose_backend, choose_embeddings, settings_from_env
+from tkg.invalidation import Judge
+from tkg.llm.settings import LLMSettings
 from tkg.sources import LoadedSource, describe, load_source
+from tkg.stages import Components
 from tkg.store import ParquetStore
-
-log = logging.getLogger(__name__)
-
-
-def default_home() -> str:
-    return os.environ.get("TKG_HOME", str(Path.cwd() / "tkg_data"))
 
 
 class TkgStorage(dg.ConfigurableResource):
@@ -77,93 +68,46 @@ class ExtractionBackend(dg.ConfigurableResource):
     service_tier: str | None = Field(None, description="e.g. flex (TKG_SERVICE_TIER)")
     home: str = Field(default_factory=default_home, description="where the response cache lives (<home>/cache)")
     allow_partial: bool = Field(
-        default_factory=lambda: os.environ.get("TKG_ALLOW_PARTIAL", "") not in ("", "0", "false"),
+        default_factory=allow_partial_from_env,
         description="Write what a stage extracted even when the provider left items unanswered, and say what is "
                     "missing (TKG_ALLOW_PARTIAL). Off: such a stage fails and keeps the partition's last good output")
 
+    def plain(self) -> Backend:
+        """The same settings as a plain `tkg.backend.Backend` (what the work is done with)."""
+        return Backend(**{name: getattr(self, name) for name in Backend.__dataclass_fields__})
+
     def llm_settings(self) -> LLMSettings:
-        settings = settings_from_env()
-        overrides = {name: getattr(self, name) for name in ("base_url", "api_mode", "batch_size", "max_in_flight", "service_tier")
-                     if getattr(self, name) is not None}
-        return replace(settings, **overrides)
+        return self.plain().llm_settings()
 
     def resolved_backend(self) -> str:
-        return choose_backend(self.backend, self.base_url)
-
-    def _llm(self):
-        from tkg.llm.extractor import open_cache, shared_client
-
-        return shared_client(self.llm_settings(), self.api_key or os.environ.get("OPENAI_API_KEY")), open_cache(self.home)
+        return self.plain().resolved_backend()
 
     def extractor(self) -> Extractor:
-        if self.resolved_backend() == "offline":
-            return OfflineExtractor()
-        from tkg.llm.extractor import LLMExtractor
-
-        return LLMExtractor(*self._llm())
+        return self.plain().extractor()
 
     def judge(self) -> Judge:
-        if self.resolved_backend() == "offline":
-            return RuleJudge()
-        from tkg.llm.extractor import LLMJudge
-
-        return LLMJudge(*self._llm())
+        return self.plain().judge()
 
     def embedder(self) -> Embedder:
-        """Statement and entity-description embeddings."""
-        if choose_embeddings(self.embeddings, self.resolved_backend()) == "wordllama":
-            return WordLlamaEmbedder()
-        from tkg.llm.extractor import OpenAIEmbedder
-
-        return OpenAIEmbedder(*self._llm())
-
-    def describe(self) -> str:
-        """One line for logs: backend, models, server, batching. Never the key."""
-        backend = self.resolved_backend()
-        embeddings = choose_embeddings(self.embeddings, backend)
-        if backend == "offline":
-            return f"offline rules and judge, {embeddings} embeddings"
-        settings = self.llm_settings()
-        return (f"openai-compatible at {settings.base_url or 'api.openai.com'} ({settings.api_mode} API), "
-                f"models {settings.models}, batch size {settings.batch_size}, at most {settings.max_in_flight} in flight, "
-                f"{embeddings} embeddings")
+        return self.plain().embedder()
 
     def chunk_embedder(self) -> Embedder:
-        return WordLlamaEmbedder()
+        return self.plain().chunk_embedder()
 
     def components(self) -> Components:
-        """The extractor and embedders the partitioned stages run with."""
-        return Components(self.extractor(), self.embedder(), self.chunk_embedder(), allow_partial=self.allow_partial)
+        return self.plain().components()
+
+    def describe(self) -> str:
+        return self.plain().describe()
 
     def explicit_fields(self) -> dict[str, object]:
-        """The fields that were set (not left to their TKG_* variables), for worker processes."""
-        return {name: getattr(self, name) for name in ("backend", "embeddings", "base_url", "api_mode", "batch_size",
-                                                        "max_in_flight", "service_tier") if getattr(self, name) is not None}
-
-    def _fingerprint(self) -> Callable[[str], str]:
-        if self.resolved_backend() == "offline":
-            return OfflineExtractor().settings_fingerprint
-        from tkg.llm.extractor import stage_fingerprint
-
-        settings = self.llm_settings()
-        return lambda stage: stage_fingerprint(settings, stage)
-
-    def embedder_name(self) -> str:
-        if choose_embeddings(self.embeddings, self.resolved_backend()) == "wordllama":
-            return WordLlamaEmbedder().name
-        settings = self.llm_settings()
-        return f"{settings.embedding_model}-{settings.embedding_dimensions}"
+        return self.plain().explicit_fields()
 
     def code_versions(self) -> dict[str, str]:
-        """The code version of every partitioned stage (a hash of the prompt template, model and
-        settings, or of the rule set), without starting a client: a new prompt or model marks
-        the asset stale in the UI and makes `tkg build` rebuild what it shapes."""
-        return stage_code_versions(self._fingerprint(), self.embedder_name(), WordLlamaEmbedder().name)
+        return self.plain().code_versions()
 
     def judge_code_version(self) -> str:
-        if self.resolved_backend() == "offline":
-            return judge_code_version(RuleJudge.name)
-        return judge_code_version(f"llm:{self.llm_settings().model('judge')}", self._fingerprint()("judge"))
+        return self.plain().judge_code_version()
 
 
 def extraction_backend_from_env(**fields: object) -> ExtractionBackend:

@@ -39,10 +39,11 @@ def test_global_assets_wait_for_the_whole_partition_then_refresh_together():
 
 
 def test_schedule_requests_only_what_is_stale(tmp_path):
-    from tkg.build import Components, build_partition, global_code_versions
     from tkg.embeddings import WordLlamaEmbedder
     from tkg.extraction.offline import OfflineExtractor
     from tkg.plan import plan_build
+    from tkg.stages import Components, build_partition
+    from tkg.state import global_code_versions
     from tkg.store import ParquetStore
 
     source = load_source("sample")

@@ -10,7 +10,7 @@ import sys
 import dagster as dg
 import duckdb
 
-from tkg.build import PARTITIONED_STAGES
+from tkg.state import PARTITIONED_STAGES
 from tkg.store import ParquetStore
 from tkg.versions import read_stamp
 

@@ -10,11 +10,12 @@ import pyarrow as pa
 
 from tests.conftest import CORPUS, needs_corpus
 from tkg import tables
-from tkg.build import BuildReport, Components, build_graph, finish_graph, partitions_of, run_partition
+from tkg.build import BuildReport, build_graph, finish_graph, partitions_of, run_partition
 from tkg.embeddings import WordLlamaEmbedder
 from tkg.extraction.offline import OfflineExtractor
 from tkg.invalidation import RuleJudge, invalidate
 from tkg.sources import SAMPLE_PATH, load_source
+from tkg.stages import Components
 from tkg.store import ParquetStore
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from tkg.build import Components, build_graph, partitions_of
+from tkg.build import build_graph, partitions_of
 from tkg.embeddings import WordLlamaEmbedder
 from tkg.extraction.offline import OfflineExtractor
 from tkg.invalidation import RuleJudge
 from tkg.sources import load_source
+from tkg.stages import Components
 from tkg.store import ParquetStore
 from tkg.warehouse import applied_sha256, describe_model, load_models, model, publish, reapply_model
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
-from chonkie import SemanticChunker
-from chonkie.embeddings import BaseEmbeddings
 
 from tkg.embeddings import Embedder
 from tkg.models import Chunk, Transcript
@@ -27,25 +26,32 @@ class ChunkingSettings:
     min_chars_to_split: int = 600
 
 
-class _ChonkieAdapter(BaseEmbeddings):
-    """Lets chonkie use any tkg `Embedder` (wordllama by default) instead of its hub models."""
+@lru_cache(maxsize=1)
+def _adapter_class() -> type:
+    """A chonkie embeddings class over any tkg `Embedder` (wordllama by default) instead of its
+    hub models. chonkie is imported here, not at module load: it takes a second to import, and
+    only the chunking stage needs it."""
+    from chonkie.embeddings import BaseEmbeddings
 
-    def __init__(self, embedder: Embedder) -> None:
-        super().__init__()
-        self._embedder = embedder
+    class ChonkieAdapter(BaseEmbeddings):
+        def __init__(self, embedder: Embedder) -> None:
+            super().__init__()
+            self._embedder = embedder
 
-    def embed(self, text: str) -> np.ndarray:
-        return self._embedder.embed([text])[0]
+        def embed(self, text: str) -> np.ndarray:
+            return self._embedder.embed([text])[0]
 
-    def embed_batch(self, texts: list[str]) -> list[np.ndarray]:
-        return list(self._embedder.embed(list(texts))) if texts else []
+        def embed_batch(self, texts: list[str]) -> list[np.ndarray]:
+            return list(self._embedder.embed(list(texts))) if texts else []
 
-    @property
-    def dimension(self) -> int:
-        return self._embedder.dimension
+        @property
+        def dimension(self) -> int:
+            return self._embedder.dimension
 
-    def get_tokenizer(self) -> str:
-        return "word"
+        def get_tokenizer(self) -> str:
+            return "word"
+
+    return ChonkieAdapter
 
 
 def chunk_id_for(transcript_id: str, start: int, end: int) -> str:
@@ -54,8 +60,10 @@ def chunk_id_for(transcript_id: str, start: int, end: int) -> str:
 
 def chunk_transcript(transcript: Transcript, embedder: Embedder, settings: ChunkingSettings = ChunkingSettings()) -> list[Chunk]:
     """Split a transcript into chunks: one for the participants list, then per-turn semantic chunks."""
+    from chonkie import SemanticChunker
+
     chunker = SemanticChunker(
-        embedding_model=_ChonkieAdapter(embedder),
+        embedding_model=_adapter_class()(embedder),
         threshold=settings.threshold,
         min_sentences_per_chunk=settings.min_sentences_per_chunk,
         chunk_size=settings.chunk_size_words,

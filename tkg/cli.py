@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date
 from functools import wraps
 from pathlib import Path
@@ -25,7 +25,8 @@ from rich.table import Table
 
 app = typer.Typer(help="tkg: temporal knowledge graphs from earnings-call transcripts.", no_args_is_help=True,
                   pretty_exceptions_enable=False, rich_markup_mode=None)
-console = Console(stderr=True)
+# Long lines are not wrapped: messages stay one line each in logs and pipes.
+console = Console(stderr=True, soft_wrap=True)
 
 EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 1, 2, 3, 130
 
@@ -44,7 +45,11 @@ state = _State()
 
 @app.callback()
 def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False) -> None:
+    import logging
+
     state.debug = debug
+    # Per-item warnings (a dropped chunk, a retry) are summed up per partition; --debug shows them.
+    logging.getLogger("tkg").setLevel(logging.DEBUG if debug else logging.ERROR)
 
 
 def command(function: Callable) -> Callable:
@@ -52,8 +57,8 @@ def command(function: Callable) -> Callable:
 
     @wraps(function)
     def wrapper(*args, **kwargs):
-        from tkg.build import HalfBuilt
         from tkg.sources import SourceError
+        from tkg.state import HalfBuilt
 
         try:
             return function(*args, **kwargs)
@@ -93,15 +98,14 @@ class Context:
     home: Path
     dagster_home: Path
     warehouse: Path
-    extra: dict = field(default_factory=dict)
 
 
 def _context(home: Path | None) -> Context:
-    from tkg_assets.instance import dagster_home_for
-
     home = (home or Path(os.environ.get("TKG_HOME", "tkg_data"))).expanduser().resolve()
     warehouse = Path(os.environ.get("TKG_DUCKDB") or home / "tkg.duckdb").expanduser().resolve()
-    return Context(home=home, dagster_home=dagster_home_for(home), warehouse=warehouse)
+    # DAGSTER_HOME if the user set one, else the instance inside tkg's data folder.
+    dagster_home = Path(os.environ["DAGSTER_HOME"]).expanduser().resolve() if os.environ.get("DAGSTER_HOME") else home / "dagster_home"
+    return Context(home=home, dagster_home=dagster_home, warehouse=warehouse)
 
 
 def _parse_date(value: str | None, option: str) -> date | None:
@@ -133,12 +137,7 @@ def build(
 ) -> None:
     """Build what changed: new or changed calls, stages whose code (prompt, model, rules) changed,
     then resolution, invalidation and tkg.duckdb. Says 'up to date' when nothing did."""
-    from tkg.build import global_code_versions, partitions_of
     from tkg.companies import load_companies
-    from tkg.plan import plan_build
-    from tkg.sources import describe, load_source
-    from tkg.store import remove_orphaned_temporaries
-    from tkg.warehouse import published_stamp
 
     first, last = _parse_date(since, "--since"), _parse_date(until, "--until")
     if first and last and first > last:
@@ -150,6 +149,29 @@ def build(
                          "(add companies to tkg/config/companies.yaml or TKG_COMPANIES)")
     where = _context(home)
     workers = workers or default_workers()
+    with _exclusive(where):
+        _build(where, source, wanted, first, last, workers, force, allow_partial)
+
+
+def _exclusive(where: Context):
+    """One build at a time per data folder: a second waits for the first, then finds most of
+    its work done."""
+    from tkg.store import locked
+
+    return locked(where.home / ".build.lock", lambda pid: console.print(
+        f"another tkg build (pid {pid}) is running on {where.home}; waiting for it to finish"))
+
+
+def _build(where: Context, source: str, wanted: set[str], first: date | None, last: date | None, workers: int,
+           force: bool, allow_partial: bool) -> None:
+    from tkg.backend import Backend
+    from tkg.build import partitions_of
+    from tkg.plan import plan_build
+    from tkg.sources import describe, load_source
+    from tkg.state import global_code_versions
+    from tkg.store import ParquetStore, remove_orphaned_temporaries
+    from tkg.warehouse import published_stamp
+
     removed = remove_orphaned_temporaries(where.home)
     if removed:
         console.print(f"removed {len(removed)} temporary file(s) a killed build left behind")
@@ -163,9 +185,9 @@ def build(
     if not selection and not loaded.problems:
         raise UsageError(f"no calls in {describe(source)} match the filters; check --company, --since and --until")
 
-    storage, transcript_source, extraction = _resources(where, source, allow_partial)
-    plan = plan_build(storage.store, loaded, selection, extraction.code_versions(),
-                      global_code_versions(extraction.judge_code_version()), force=force,
+    backend = Backend(home=str(where.home), allow_partial=allow_partial)
+    plan = plan_build(ParquetStore(where.home), loaded, selection, backend.code_versions(),
+                      global_code_versions(backend.judge_code_version()), force=force,
                       warehouse_stamp=published_stamp(where.warehouse))
     for partition, problems in plan.held.items():
         console.print(f"[yellow]{partition[0]}|{partition[1].isoformat()} kept as built: a source row of it cannot be read[/]")
@@ -176,8 +198,8 @@ def build(
 
     console.print(f"building {len(plan.work)} of {len(selection)} partition(s) from {describe(source)} into {where.home} "
                   f"({len(plan.current)} up to date)")
-    console.print(f"extraction: {extraction.describe()}")
-    defs, instance = _dagster(where, storage, transcript_source, extraction)
+    console.print(f"extraction: {backend.describe()}")
+    defs, instance = _dagster(where, *_resources(where, source, backend))
     started = time.perf_counter()
     failed = _ingest(defs, instance, plan, workers) if plan.work else []
     if failed and not allow_partial:
@@ -197,11 +219,12 @@ def build(
         raise typer.Exit(EXIT_SKIPPED)
 
 
-def _resources(where: Context, source: str, allow_partial: bool = False):
+def _resources(where: Context, source: str, backend):
+    """The Dagster resources for these settings (passed directly, never through os.environ)."""
     from resources.tkg import TkgStorage, TranscriptSource, extraction_backend_from_env
 
     return (TkgStorage(home=str(where.home), duckdb_path=str(where.warehouse)), TranscriptSource(source=source),
-            extraction_backend_from_env(home=str(where.home), allow_partial=allow_partial))
+            extraction_backend_from_env(**backend.as_fields()))
 
 
 def _dagster(where: Context, storage, source, extraction):
@@ -228,8 +251,10 @@ def _ingest(defs, instance, plan, workers: int) -> list[tuple[str, str]]:
     from tkg_assets.instance import run_tags
 
     failed: list[tuple[str, str]] = []
+    partial: list[tuple[str, dict]] = []
     config = {"stages": {work.key: sorted(work.stages) for work in plan.work},
-              "reasons": {work.key: work.reason for work in plan.work}, "workers": workers}
+              "reasons": {work.key: work.reason for work in plan.work}, "workers": workers,
+              "log_level": "DEBUG" if state.debug else "ERROR"}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         task = progress.add_task("partitions", total=len(plan.work))
@@ -237,15 +262,24 @@ def _ingest(defs, instance, plan, workers: int) -> list[tuple[str, str]]:
         def observe(outcome) -> None:
             if not outcome.ok:
                 failed.append((outcome.key, outcome.error))
+            lacking = {k: v for report in outcome.reports for k, v in report.missing.items()}
+            if lacking:
+                partial.append((outcome.key, lacking))
             progress.update(task, advance=1, description=f"partition {outcome.key} {'done' if outcome.ok else 'FAILED'}")
 
         batch.observers.append(observe)
         try:
-            defs.resolve_job_def("build_partitions").execute_in_process(
+            result = defs.resolve_job_def("build_partitions").execute_in_process(
                 instance=instance, raise_on_error=False, tags=run_tags(),
                 run_config={**_QUIET, "ops": {"build_stale_partitions": {"config": config}}})
         finally:
             batch.observers.remove(observe)
+    error = _failure(result)
+    if error and not failed:  # the run itself failed, not a partition: nothing may be refreshed
+        failed.append(("build_partitions", error))
+    for key, lacking in partial:
+        console.print(f"[yellow]{key} kept a partial result: {', '.join(f'{n} {k}' for k, n in sorted(lacking.items()))}; "
+                      "the next build retries what is missing[/]")
     return failed
 
 
@@ -253,14 +287,27 @@ def _refresh(defs, instance) -> str | None:
     """Run the global steps; None on success, else the first failure's message."""
     from tkg_assets.instance import run_tags
 
-    result = defs.resolve_job_def("refresh_graph").execute_in_process(
-        instance=instance, raise_on_error=False, run_config=_QUIET, tags=run_tags())
+    return _failure(defs.resolve_job_def("refresh_graph").execute_in_process(
+        instance=instance, raise_on_error=False, run_config=_QUIET, tags=run_tags()))
+
+
+def _failure(result) -> str | None:
+    """None for a successful run, else the first step failure's message. A run stopped by
+    Ctrl-C (Dagster records it and returns) is re-raised as KeyboardInterrupt."""
+    import dagster as dg
+    from dagster._core.execution.plan.objects import ErrorSource
+
     if result.success:
         return None
     for event in result.all_events:
-        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
-            return f"{event.step_key}: {event.step_failure_data.error.message.strip().splitlines()[0]}"
-    return "the refresh_graph run failed; see `tkg dev` for its log"
+        data = event.step_failure_data if event.is_step_failure else None
+        if data is not None and data.error_source == ErrorSource.INTERRUPT:
+            raise KeyboardInterrupt
+        if data is not None and data.error is not None:
+            return f"{event.step_key}: {data.error.message.strip().splitlines()[0]}"
+    if any(event.event_type == dg.DagsterEventType.RUN_CANCELED for event in result.all_events):
+        raise KeyboardInterrupt
+    return f"the {result.job_def.name} run failed; see `tkg dev` for its log"
 
 
 def _print_counts(path: Path) -> bool:

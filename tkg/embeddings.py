@@ -79,6 +79,23 @@ class WordLlamaEmbedder:
         self.name = f"wordllama-l2_supercat-{dimension}"
 
     def embed(self, texts: list[str]) -> np.ndarray:
+        """The same vectors as `WordLlama.embed` (checked bit for bit in the tests), computed
+        faster: texts are batched by length, so batches carry little padding, and tokenized
+        without character offsets, which wordllama never reads."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        return normalise_rows(_load_wordllama(self.dimension).embed(list(texts)))
+        model = _load_wordllama(self.dimension)
+        table = model.embedding
+        pooled = np.empty((len(texts), table.shape[1]), dtype=np.float32)
+        order = np.argsort(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), kind="stable")
+        for start in range(0, len(texts), _BATCH):
+            batch = order[start:start + _BATCH]
+            encoded = model.tokenizer.encode_batch_fast([texts[i] for i in batch], add_special_tokens=False)
+            ids = np.array([e.ids for e in encoded], dtype=np.int32)
+            mask = np.array([e.attention_mask for e in encoded], dtype=np.float32)
+            np.clip(ids, 0, table.shape[0] - 1, out=ids)
+            pooled[batch] = model.avg_pool(table[ids], mask)
+        return normalise_rows(pooled)
+
+
+_BATCH = 64  # wordllama's own batch size

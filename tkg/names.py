@@ -10,7 +10,6 @@ from cleanco.clean import custom_basename, normalized, prepare_default_terms, st
 
 from tkg.companies import Company, load_companies
 
-
 _PUNCTUATION = re.compile(r"[^\w\s]")
 
 

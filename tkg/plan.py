@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tkg.build import (
+from tkg.partitions import Partition, key_of, sort_key
+from tkg.sources import LoadedSource, SourceProblem
+from tkg.state import (
     PARTITIONED_STAGES,
     STAGE_INPUTS,
     HalfBuilt,
@@ -24,8 +26,6 @@ from tkg.build import (
     stored_partitions,
     warehouse_inputs,
 )
-from tkg.partitions import Partition, key_of, sort_key
-from tkg.sources import LoadedSource, SourceProblem
 from tkg.store import ParquetStore
 from tkg.versions import Stamp
 

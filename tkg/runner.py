@@ -1,6 +1,6 @@
 """Build many partitions at once, in worker processes, for `tkg build`.
 
-Each worker rebuilds whole partitions (`tkg.build.build_partition`): every stale stage of a
+Each worker rebuilds whole partitions (`tkg.stages.build_partition`): every stale stage of a
 partition in memory, then its files, so a failure, a Ctrl-C or a kill leaves each partition
 either as it was or fully rebuilt. Workers die with the process that started them (Linux
 `PR_SET_PDEATHSIG`, and a watchdog elsewhere) and ignore Ctrl-C, which the parent handles by
@@ -37,6 +37,7 @@ class BackendSpec:
     source: str
     extraction: dict[str, Any]  # the ExtractionBackend fields that were set
     allow_partial: bool = False
+    log_level: str = "WARNING"  # of tkg's loggers in the workers
 
 
 @dataclass(frozen=True)
@@ -95,19 +96,16 @@ _COMPONENTS: dict[str, Any] = {}
 def _components(spec: BackendSpec):
     identity = repr(spec)
     if identity not in _COMPONENTS:
-        from resources.tkg import ExtractionBackend
-        from tkg.build import Components
+        from tkg.backend import Backend
 
-        backend = ExtractionBackend(home=spec.home, **spec.extraction)
-        _COMPONENTS[identity] = Components(backend.extractor(), backend.embedder(), backend.chunk_embedder(),
-                                           allow_partial=spec.allow_partial)
+        _COMPONENTS[identity] = Backend(home=spec.home, allow_partial=spec.allow_partial, **spec.extraction).components()
     return _COMPONENTS[identity]
 
 
 def build_one(spec: BackendSpec, task: PartitionTask) -> PartitionOutcome:
     """Rebuild one partition's stale stages; every error is caught and described."""
-    from tkg.build import StageIncomplete, build_partition
     from tkg.sources import load_source
+    from tkg.stages import StageIncomplete, build_partition
     from tkg.store import ParquetStore
 
     started = time.perf_counter()
@@ -146,18 +144,16 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="tkg-parent-watch", daemon=True).start()
 
 
-def _worker_init(parent: int, environment: dict[str, str]) -> None:
+def _worker_init(parent: int, log_level: str) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C stops
-    os.environ.update(environment)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("tkg").setLevel(log_level)
 
 
 # --- in the parent ---------------------------------------------------------------------------
 
 
-def run_partitions(spec: BackendSpec, tasks: list[PartitionTask], workers: int,
-                   worker_environment: dict[str, str] | None = None) -> Iterator[PartitionOutcome]:
+def run_partitions(spec: BackendSpec, tasks: list[PartitionTask], workers: int) -> Iterator[PartitionOutcome]:
     """Build `tasks`, yielding each outcome as it lands. With one worker the partitions are
     built in this process; otherwise in `workers` spawned processes. On KeyboardInterrupt (or
     when the caller stops iterating) the workers are killed at once and nothing more starts."""
@@ -167,23 +163,29 @@ def run_partitions(spec: BackendSpec, tasks: list[PartitionTask], workers: int,
         return
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=context, initializer=_worker_init,
-                               initargs=(os.getpid(), dict(worker_environment or {})))
+                               initargs=(os.getpid(), spec.log_level))
     pending: dict[Future, PartitionTask] = {}
     queue = list(tasks)
     finished = False
     try:
-        # Keep each worker busy with one partition at a time: a stop loses at most those.
+        # Two partitions per worker are queued, so a worker never waits while the caller records
+        # a result, and a stop loses little more than the partitions being built.
         while queue or pending:
-            while queue and len(pending) < workers:
+            while queue and len(pending) < 2 * workers:
                 task = queue.pop(0)
                 pending[pool.submit(build_one, spec, task)] = task
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            outcomes = []
             for future in done:
                 task = pending.pop(future)
                 try:
-                    yield future.result()
+                    outcomes.append(future.result())
                 except Exception as error:  # the worker process died (killed, out of memory)
-                    yield PartitionOutcome(task, error=f"the worker building it died ({type(error).__name__}: {error})")
+                    outcomes.append(PartitionOutcome(task, error=f"the worker building it died ({type(error).__name__}: {error})"))
+            while queue and len(pending) < 2 * workers:  # refill before the caller takes its time
+                task = queue.pop(0)
+                pending[pool.submit(build_one, spec, task)] = task
+            yield from outcomes
         finished = True
     finally:
         if finished:

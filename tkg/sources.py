@@ -175,11 +175,11 @@ def _parquet_records(path: Path) -> Iterator[Record]:
     import pyarrow.parquet as pq
 
     try:
-        schema = pq.read_schema(path)
+        parquet = pq.ParquetFile(path)  # not pq.read_table: that imports pyarrow.dataset and pandas
     except (OSError, pa.ArrowException) as error:
         raise SourceError(f"{path} is not a readable Parquet file ({error})") from None
-    _require_columns(path, schema.names)
-    table = pq.read_table(path, columns=list(REQUIRED_COLUMNS))
+    _require_columns(path, parquet.schema_arrow.names)
+    table = parquet.read(columns=list(REQUIRED_COLUMNS))
     # Strings are read as bytes and decoded per row, so one bad value names its row.
     columns = {}
     for name in REQUIRED_COLUMNS:
@@ -256,7 +256,8 @@ def _validate(origin: str, record: dict[str, Any], known: set[str]) -> SourceRow
                              f"({FIRST_QUARTER.isoformat()} to the current quarter)", partition)
     text = record.get("transcript")
     if not isinstance(text, str) or not text.strip():
-        return SourceProblem(origin, "transcript", "is empty" if not text else f"is a {type(text).__name__}, not text", partition)
+        return SourceProblem(origin, "transcript", "is empty" if text is None or isinstance(text, str)
+                             else f"is a {type(text).__name__}, not text", partition)
     return SourceRow(company=company, call_date=call_date, text=text.replace("\r\n", "\n"), origin=origin)
 
 

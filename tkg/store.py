@@ -6,17 +6,19 @@ steps read the files through an in-memory DuckDB connection (no file lock either
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import secrets
 import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 
 # Temporary files carry the host and process that write them, so a later run can tell the
 # leftovers of a killed writer from the files of a writer that is still at work.
@@ -55,6 +57,29 @@ def remove_orphaned_temporaries(root: Path) -> list[Path]:
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
+
+
+@contextmanager
+def locked(path: Path, waiting: Callable[[str], None] | None = None) -> Iterator[None]:
+    """An exclusive lock on `path` (created if needed) for the duration of the block. When
+    another process holds it, `waiting` is told who (the pid it wrote) before blocking."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                handle.seek(0)
+                waiting(handle.read().strip() or "?")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class ParquetStore:

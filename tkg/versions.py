@@ -77,8 +77,52 @@ def stamp_of_schema(schema: pa.Schema) -> Stamp | None:
 
 
 def read_stamp(path: Path) -> Stamp | None:
-    """The stamp of a Parquet file, or None when the file is absent or was written without one."""
+    """The stamp of a Parquet file, or None when the file is absent or was written without one.
+
+    Planning a build reads the stamps of every file (a thousand for the corpus), so the stamp
+    is first looked up in the raw footer, where Parquet keeps key-value metadata as Thrift
+    strings; anything unexpected falls back to a full schema read."""
     try:
-        return stamp_of_schema(pq.read_schema(path))
+        with open(path, "rb") as handle:
+            footer = _footer(handle)
     except FileNotFoundError:
+        return None
+    if footer is not None:
+        stamp = _stamp_in_footer(footer)
+        if stamp is not None:
+            return stamp
+    return stamp_of_schema(pq.read_schema(path))
+
+
+def _footer(handle) -> bytes | None:
+    handle.seek(0, 2)
+    size = handle.tell()
+    if size < 12:
+        return None
+    handle.seek(size - 8)
+    tail = handle.read(8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != b"PAR1" or length <= 0 or length > size - 12:
+        return None
+    handle.seek(size - 8 - length)
+    return handle.read(length)
+
+
+def _stamp_in_footer(footer: bytes) -> Stamp | None:
+    """The stamp after its key in a Thrift compact KeyValue: a field header, a varint length, the value."""
+    at = footer.find(_KEY)
+    if at < 0:
+        return None
+    position = at + len(_KEY) + 1  # skip the value's field header
+    length = shift = 0
+    while position < len(footer):
+        byte = footer[position]
+        position += 1
+        length |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+    try:
+        return Stamp.from_json(footer[position:position + length])
+    except (ValueError, KeyError, TypeError):
         return None

@@ -222,13 +222,16 @@ def publish(store: ParquetStore, target: Path, models: list[SqlModel] | None = N
     return result
 
 
-def applied_sha256(target: Path, model: SqlModel) -> str | None:
-    """The hash of the SQL a published file holds for `model`, or None."""
+def applied_sha256s(target: Path) -> dict[str, str]:
+    """The hash of the SQL a published file holds for each model."""
     if not Path(target).exists():
-        return None
+        return {}
     with duckdb.connect(str(target), read_only=True) as connection:
-        row = connection.execute("SELECT sql_sha256 FROM raw.sql_models WHERE name = ?", [model.name]).fetchone()
-    return row[0] if row else None
+        return dict(connection.execute("SELECT name, sql_sha256 FROM raw.sql_models").fetchall())
+
+
+def applied_sha256(target: Path, model: SqlModel) -> str | None:
+    return applied_sha256s(target).get(model.name)
 
 
 def reapply_model(target: Path, model: SqlModel) -> None:
@@ -252,14 +255,22 @@ class ModelDescription:
     columns: list[tuple[str, str]]
 
 
-def describe_model(target: Path, model: SqlModel) -> ModelDescription:
-    """Row count and column schema of a published view (macros have neither)."""
-    if model.is_macro:
-        return ModelDescription(None, [])
+def describe_models(target: Path, models: list[SqlModel]) -> dict[str, ModelDescription]:
+    """Row count and column schema of each published view (macros have neither), read over one connection."""
+    described = {}
     with duckdb.connect(str(target), read_only=True) as connection:
-        columns = connection.execute(
-            "SELECT column_name, data_type FROM information_schema.columns "
-            "WHERE table_schema = 'main' AND table_name = ? ORDER BY ordinal_position", [model.name]
-        ).fetchall()
-        count = connection.execute(f'SELECT count(*) FROM main."{model.name}"').fetchone()[0] if columns else None
-    return ModelDescription(count, [(name, kind) for name, kind in columns])
+        for model in models:
+            if model.is_macro:
+                described[model.name] = ModelDescription(None, [])
+                continue
+            columns = connection.execute(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = 'main' AND table_name = ? ORDER BY ordinal_position", [model.name]
+            ).fetchall()
+            count = connection.execute(f'SELECT count(*) FROM main."{model.name}"').fetchone()[0] if columns else None
+            described[model.name] = ModelDescription(count, [(name, kind) for name, kind in columns])
+    return described
+
+
+def describe_model(target: Path, model: SqlModel) -> ModelDescription:
+    return describe_models(target, [model])[model.name]

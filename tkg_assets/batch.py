@@ -29,13 +29,16 @@ class PartitionsToBuild(dg.Config):
     stages: dict[str, list[str]]  # partition key -> stages
     reasons: dict[str, str] = {}
     workers: int = 1
+    log_level: str = "WARNING"  # of tkg's loggers in the worker processes
 
 
-def backend_spec(storage: TkgStorage, source: TranscriptSource, extraction: ExtractionBackend, workers: int) -> BackendSpec:
+def backend_spec(storage: TkgStorage, source: TranscriptSource, extraction: ExtractionBackend,
+                 config: PartitionsToBuild) -> BackendSpec:
     fields = extraction.explicit_fields()
     # The request limit is per process: split it so that all workers together keep to it.
-    fields["max_in_flight"] = max(1, extraction.llm_settings().max_in_flight // max(1, workers))
-    return BackendSpec(home=storage.home, source=source.source, extraction=fields, allow_partial=extraction.allow_partial)
+    fields["max_in_flight"] = max(1, extraction.llm_settings().max_in_flight // max(1, config.workers))
+    return BackendSpec(home=storage.home, source=source.source, extraction=fields, allow_partial=extraction.allow_partial,
+                       log_level=config.log_level)
 
 
 @dg.op(out={}, description="Rebuild the stale stages of many partitions in worker processes, and record each stage's "
@@ -48,7 +51,7 @@ def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToB
         tasks.append(PartitionTask(company, quarter, tuple(stages), config.reasons.get(key, "")))
     context.log.info(f"building {len(tasks)} partition(s) with {config.workers} worker(s); {extraction.describe()}")
     failed: list[PartitionOutcome] = []
-    for outcome in run_partitions(backend_spec(storage, source, extraction, config.workers), tasks, config.workers):
+    for outcome in run_partitions(backend_spec(storage, source, extraction, config), tasks, config.workers):
         for observer in observers:
             observer(outcome)
         if not outcome.ok:

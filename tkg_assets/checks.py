@@ -6,7 +6,7 @@ import duckdb
 import pyarrow.compute as pc
 
 from resources.tkg import TkgStorage
-from tkg.build import read_partition
+from tkg.stages import read_partition
 from tkg_assets.assets.extraction import statements, temporal_events
 from tkg_assets.assets.warehouse import warehouse
 from tkg_assets.partitions import company_quarter, partition_of

@@ -15,7 +15,7 @@ from tkg_assets.checks import one_holder_per_office, statements_have_provenance,
 from tkg_assets.partitions import company_quarter
 
 PARTITIONED_ASSETS = [transcripts, chunks, statements, temporal_events, triplets, entities]
-GLOBAL_ASSETS = [canonical_entities, invalidated_events, warehouse, *sql_models]
+GLOBAL_ASSETS = [canonical_entities, invalidated_events, warehouse, sql_models]
 
 ingest_partition = dg.define_asset_job(
     "ingest_partition",
@@ -37,8 +37,8 @@ def weekly_new_transcripts(context: dg.ScheduleEvaluationContext, storage: TkgSt
     source rows, and partitions whose code version (prompt, model, rules) changed, each from
     its first stale stage. Calls arrive weeks after quarter end, so a weekly look beats a
     quarterly cron. The automation sensor then refreshes the global assets."""
-    from tkg.build import global_code_versions
     from tkg.plan import plan_build
+    from tkg.state import global_code_versions
 
     loaded = source.load()
     plan = plan_build(storage.store, loaded, loaded.partitions(), extraction.code_versions(),

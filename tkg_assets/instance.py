@@ -11,51 +11,30 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
 
 import tkg
-
+from tkg.store import locked
 from tkg_assets.assets.common import RUN_HOST_TAG, RUN_PID_TAG
 
 TEMPLATE = Path(tkg.__file__).resolve().parent / "config" / "dagster.yaml"
 MANAGED_MARKER = "# managed by tkg"
 
 
-def dagster_home_for(home: Path) -> Path:
-    """DAGSTER_HOME if the user set one, else the instance inside tkg's data folder."""
-    configured = os.environ.get("DAGSTER_HOME")
-    return Path(configured).expanduser().resolve() if configured else home / "dagster_home"
-
-
-def instance_config() -> str:
+def instance_config(dagster_home: Path) -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return TEMPLATE.read_text().replace("{max_concurrent_runs}", str(max(1, cores)))
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on `path` (created if needed) for the duration of the block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return TEMPLATE.read_text().replace("{max_concurrent_runs}", str(max(1, cores))).replace("{dagster_home}", str(dagster_home))
 
 
 def prepare_dagster_home(dagster_home: Path) -> None:
     """Write tkg's instance configuration, unless the folder holds one the user wrote."""
     dagster_home.mkdir(parents=True, exist_ok=True)
     config = dagster_home / "dagster.yaml"
-    wanted = instance_config()
+    wanted = instance_config(dagster_home)
     if not config.exists() or (config.read_text().startswith(MANAGED_MARKER) and config.read_text() != wanted):
         temporary = config.with_name(f".dagster.yaml.{os.getpid()}")
         temporary.write_text(wanted)

@@ -67,6 +67,12 @@ _PRESENT_STATE = re.compile(
 )
 
 _MONEY = r"\$\s?\d[\d,]*(?:\.\d+)?(?:\s*(?:billion|million|thousand|trillion|bn|b|m|k)\b)?"
+MONEY = re.compile(_MONEY)
+# Words a pattern cannot match without: a cheap `in` test first skips most sentences, since the
+# patterns themselves scan every position of every sentence.
+_DIGIT = re.compile(r"\d")
+_LAUNCH_WORDS = ("launched", "introduced", "unveiled", "shipping", "released", "announced the")
+_OFFICE_WORDS = re.compile(r"CEO|CFO|COO|CTO|Chief|President|Chairman")
 _PERCENT = r"\d+(?:\.\d+)?\s?(?:%|percent\b)"
 _AMOUNT = rf"(?:{_MONEY}|{_PERCENT}|\d+ basis points)"
 # '$43.5-45.5b', '$1.2 billion to $1.3 billion', '$14 billion, plus or minus $500 million'
@@ -152,7 +158,7 @@ def label_statement(sentence: str) -> tuple[StatementType, TemporalType]:
         return StatementType.PREDICTION, TemporalType.DYNAMIC
     if _OPINION.search(sentence):
         return StatementType.OPINION, TemporalType.STATIC
-    if _PAST_EVENT.search(sentence) or re.search(_MONEY, sentence):
+    if _PAST_EVENT.search(sentence) or ("$" in sentence and MONEY.search(sentence)):
         return StatementType.FACT, TemporalType.STATIC
     if _PRESENT_STATE.search(sentence):
         return StatementType.FACT, TemporalType.DYNAMIC
@@ -235,7 +241,7 @@ class OfflineExtractor:
     def _derived_statements(self, sentence: str, context: DocumentContext) -> list[RawStatement]:
         """Canonical DYNAMIC facts behind guidance and appointments, which later statements revise."""
         derived = []
-        if (match := GUIDANCE.search(sentence)) and "?" not in sentence:
+        if "?" not in sentence and _DIGIT.search(sentence) and (match := GUIDANCE.search(sentence)):
             period = PeriodResolver(context).find(sentence, forward=True)
             level = _guidance_level(sentence, match)
             if period is not None and level is not None:
@@ -244,7 +250,7 @@ class OfflineExtractor:
                 derived.append(RawStatement(
                     statement=f"{context.short_name}'s {period.label} {metric} guidance is {level}.",
                     statement_type=StatementType.FACT, temporal_type=TemporalType.DYNAMIC))
-        if match := APPOINTMENT.search(sentence):
+        if _OFFICE_WORDS.search(sentence) and (match := APPOINTMENT.search(sentence)):
             person, role = match["person"] or match["person2"], match["role"] or match["role2"]
             offices = parse_offices(" ".join(role.split()))
             if offices:
@@ -317,27 +323,28 @@ class OfflineExtractor:
         # A result with no period named is about the quarter the call reports.
         period = resolver.find(text, forward=forward) or (None if forward else resolver.shift(0))
         period_label = f" {period.label}" if period else ""
+        has_digit = _DIGIT.search(text) is not None
         if statement.statement_type == StatementType.PREDICTION:
-            if (match := GUIDANCE.search(text)) and (level := _guidance_level(text, match)) is not None:
+            if has_digit and (match := GUIDANCE.search(text)) and (level := _guidance_level(text, match)) is not None:
                 metric = self._metric_entity(builder, context, match["metric"], period_label)
                 builder.triplet(company(), Predicate.TARGETS, metric, level)
         else:
-            if match := REVENUE.search(text):
+            if "$" in text and (match := REVENUE.search(text)):
                 segment = SEGMENT.search(text)
                 name = f"{_strip_determiners(segment['segment'])} revenue" if segment else match["metric"]
                 metric = self._metric_entity(builder, context, name, period_label)
                 builder.triplet(company(), Predicate.HAS_REVENUE, metric, _money_text(match["value"]))
-            for match in CHANGE.finditer(text):
+            for match in CHANGE.finditer(text) if has_digit else ():
                 metric = self._metric_entity(builder, context, match["metric"], period_label)
                 up = match["direction"].lower() in {"up", "grew", "increased", "rose", "climbed", "expanded", "improved"}
                 builder.triplet(company(), Predicate.INCREASED if up else Predicate.DECREASED, metric, _money_text(match["value"]))
-        if match := LAUNCH.search(text):
+        if any(word in text for word in _LAUNCH_WORDS) and (match := LAUNCH.search(text)):
             product = builder.entity(match["product"].rstrip(".,"), EntityType.PRODUCT, f"Product of {context.main_entity}")
             builder.triplet(company(), Predicate.LAUNCHED, product)
-        for pattern, predicate, reverse in ((PARTNER, Predicate.COLLABORATES_WITH, False),
-                                            (SUPPLIER, Predicate.SUPPLIES, True),
-                                            (ACQUISITION, Predicate.INVESTS_IN, False)):
-            if match := pattern.search(text):
+        for pattern, predicate, reverse, words in ((PARTNER, Predicate.COLLABORATES_WITH, False, ("with",)),
+                                                   (SUPPLIER, Predicate.SUPPLIES, True, ("supply ",)),
+                                                   (ACQUISITION, Predicate.INVESTS_IN, False, ("acqui", "invest"))):
+            if any(word in text for word in words) and (match := pattern.search(text)):
                 org_name = match["org"].rstrip(".,")
                 if company_for_name(org_name) is not None and company_for_name(org_name).ticker == context.ticker:
                     continue

@@ -34,6 +34,8 @@ ORDINAL_QUARTER = re.compile(
 )
 Q_LABEL = re.compile(r"\bQ([1-4])(?:\s*(?:FY|fiscal)?\s*'?(\d{4}|\d{2}))?\b|\b([1-4])Q\s?'?(\d{2})\b")
 FISCAL_YEAR = re.compile(r"\b(?:full[- ]year|fiscal(?: year)?|FY)\s*'?(\d{4}|\d{2})\b", re.IGNORECASE)
+_DIGIT = re.compile(r"\d")
+_FOUR_DIGITS = re.compile(r"\d{4}")
 RELATIVE = re.compile(
     r"\b(next quarter|following quarter|coming quarter|last quarter|prior quarter|previous quarter|"
     r"this quarter|the quarter|current quarter|full[- ]year|the year|this year|next year|fiscal year)\b",
@@ -88,19 +90,22 @@ class PeriodResolver:
         return reported_year if quarter <= reported_q else reported_year - 1
 
     def find(self, text: str, forward: bool) -> Period | None:
-        """The first period the text names; `forward` reads unqualified references as upcoming."""
-        if match := ORDINAL_QUARTER.search(text):
+        """The first period the text names; `forward` reads unqualified references as upcoming.
+        Each pattern runs only when the text holds a word it needs (most sentences hold none)."""
+        lower = text.lower()
+        has_quarter, has_year = "quarter" in lower, "year" in lower
+        if has_quarter and (match := ORDINAL_QUARTER.search(text)):
             quarter = _ORDINALS[match[1].lower()]
             year = _year(match[2]) if match[2] else self._year_for_quarter(quarter, forward)
             return self.quarter(quarter, year)
-        if match := Q_LABEL.search(text):
+        if "Q" in text and (match := Q_LABEL.search(text)):
             quarter = int(match[1] or match[3])
             year_text = match[2] or match[4]
             year = _year(year_text) if year_text else self._year_for_quarter(quarter, forward)
             return self.quarter(quarter, year)
-        if match := FISCAL_YEAR.search(text):
+        if _DIGIT.search(text) and (match := FISCAL_YEAR.search(text)):
             return self.fiscal_year(_year(match[1]))
-        if match := RELATIVE.search(text):
+        if (has_quarter or has_year) and (match := RELATIVE.search(text)):
             phrase = match[1].lower().replace("-", " ")
             if phrase in {"next quarter", "following quarter", "coming quarter"}:
                 return self.shift(1)
@@ -118,6 +123,8 @@ class PeriodResolver:
 
 def find_date(text: str) -> tuple[datetime, datetime] | None:
     """An explicit calendar date ('July 1, 2024') or month ('March 2017') as [start, end)."""
+    if not _FOUR_DIGITS.search(text):  # both patterns need a year
+        return None
     if match := EXACT_DATE.search(text):
         month = _MONTHS[match[1].lower().rstrip(".")]
         try:

@@ -92,6 +92,7 @@ def settings_from_env() -> LLMSettings:
         service_tier=os.environ.get("TKG_SERVICE_TIER") or None,
         timeout_s=float(os.environ.get("TKG_LLM_TIMEOUT", "120")),
         max_in_flight=int(os.environ.get("TKG_MAX_IN_FLIGHT", "16")),
+        max_attempts=int(os.environ.get("TKG_LLM_ATTEMPTS", "8")),
         batch_size=int(os.environ.get("TKG_BATCH_SIZE", "8")),
         prices=prices,
     )

@@ -12,8 +12,10 @@ import dagster as dg
 import pyarrow as pa
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, extraction_backend_from_env
-from tkg.build import STAGE_INPUTS, run_stage
+from tkg import tables
 from tkg.runner import StageReport, report_of
+from tkg.stages import run_stage
+from tkg.state import STAGE_INPUTS
 from tkg.tables import column_description
 from tkg.versions import Stamp
 from tkg_assets.partitions import partition_of
@@ -45,11 +47,20 @@ def table_metadata(table: pa.Table, path: Path | None, counts: Counter | None = 
     return metadata
 
 
+SCHEMAS = {"transcripts": tables.TRANSCRIPTS, "chunks": tables.CHUNKS, "statements": tables.STATEMENTS,
+           "temporal_events": tables.EVENTS, "triplets": tables.TRIPLETS, "entities": tables.ENTITIES}
+
+
+def definition_metadata(stage: str) -> dict[str, object]:
+    """Metadata of a partitioned asset's definition: its column schema, the same for every
+    partition (so it is not repeated in each of the thousand materialisations)."""
+    return {"dagster/column_schema": column_schema([(f.name, str(f.type)) for f in SCHEMAS[stage]])}
+
+
 def stage_metadata(report: StageReport) -> dict[str, object]:
     """The metadata of one stage of one partition."""
     metadata: dict[str, object] = {
         "dagster/row_count": report.rows,
-        "dagster/column_schema": column_schema(report.columns),
         "path": dg.MetadataValue.path(report.path),
     }
     for key, value in sorted(report.counts.items()):

@@ -9,7 +9,7 @@ unless the `extraction` resource allows a partial result.
 import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage
-from tkg_assets.assets.common import CODE_VERSIONS, OWNERS, PARTITIONED_BACKFILL, materialize_stage
+from tkg_assets.assets.common import CODE_VERSIONS, OWNERS, PARTITIONED_BACKFILL, definition_metadata, materialize_stage
 from tkg_assets.assets.ingestion import chunks, transcripts
 from tkg_assets.partitions import company_quarter
 
@@ -24,6 +24,7 @@ def _extraction_asset(stage: str, **kwargs):
         backfill_policy=PARTITIONED_BACKFILL,
         pool="tkg_llm",
         code_version=CODE_VERSIONS[stage],
+        metadata=definition_metadata(stage),
         **kwargs,
     )
 

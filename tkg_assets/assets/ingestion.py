@@ -3,7 +3,7 @@
 import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
-from tkg_assets.assets.common import CODE_VERSIONS, OWNERS, PARTITIONED_BACKFILL, materialize_stage
+from tkg_assets.assets.common import CODE_VERSIONS, OWNERS, PARTITIONED_BACKFILL, definition_metadata, materialize_stage
 from tkg_assets.partitions import company_quarter
 
 
@@ -13,6 +13,7 @@ from tkg_assets.partitions import company_quarter
     kinds={"python", "parquet"},
     owners=OWNERS,
     code_version=CODE_VERSIONS["transcripts"],
+    metadata=definition_metadata("transcripts"),
     backfill_policy=PARTITIONED_BACKFILL,
 )
 def transcripts(context: dg.AssetExecutionContext, storage: TkgStorage, source: TranscriptSource,
@@ -32,6 +33,7 @@ def transcripts(context: dg.AssetExecutionContext, storage: TkgStorage, source: 
     owners=OWNERS,
     deps=[transcripts],
     code_version=CODE_VERSIONS["chunks"],
+    metadata=definition_metadata("chunks"),
     backfill_policy=PARTITIONED_BACKFILL,
 )
 def chunks(context: dg.AssetExecutionContext, storage: TkgStorage, extraction: ExtractionBackend) -> dg.MaterializeResult:

@@ -3,7 +3,8 @@
 import dagster as dg
 
 from resources.tkg import TkgStorage
-from tkg.build import RESOLUTION_VERSION, run_canonical_entities
+from tkg.build import run_canonical_entities
+from tkg.state import RESOLUTION_VERSION
 from tkg_assets.assets.common import OWNERS, table_metadata
 from tkg_assets.assets.extraction import entities
 from tkg_assets.automation import GLOBAL_AUTOMATION

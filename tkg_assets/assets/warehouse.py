@@ -4,9 +4,10 @@
 import dagster as dg
 
 from resources.tkg import TkgStorage
-from tkg.build import run_warehouse, warehouse_code_version
-from tkg.warehouse import SqlModel, applied_sha256, describe_model, load_models, reapply_model
-from tkg_assets.assets.common import OWNERS
+from tkg.build import run_warehouse
+from tkg.state import warehouse_code_version
+from tkg.warehouse import SqlModel, applied_sha256s, describe_models, load_models, reapply_model
+from tkg_assets.assets.common import OWNERS, column_schema
 from tkg_assets.automation import SQL_MODEL_AUTOMATION, WAREHOUSE_AUTOMATION
 
 DUCKDB_POOL = "tkg_duckdb_write"
@@ -36,46 +37,50 @@ def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.Mate
     })
 
 
-def _model_asset(model: SqlModel) -> dg.AssetsDefinition:
+def _model_spec(model: SqlModel) -> dg.AssetSpec:
     # Lineage as in dbt: a model depends on the models it selects from (refs) and on the
     # warehouse, which publishes the raw tables it reads (sources). The pipeline assets behind
     # those raw tables are named in metadata; as direct deps they would make automation refresh
     # the model whenever a partition lands, before the warehouse has republished.
-    deps = [warehouse.key, *(dg.AssetKey(["sql", name]) for name in model.depends_on)]
-
-    @dg.asset(
+    return dg.AssetSpec(
         key=dg.AssetKey(["sql", model.name]),
         group_name="sql_models",
         kinds={"duckdb", "sql"},
         owners=OWNERS,
-        deps=deps,
+        deps=[warehouse.key, *(dg.AssetKey(["sql", name]) for name in model.depends_on)],
         description=f"{model.description}\n\n```sql\n{model.sql}\n```",
         code_version=model.sha256[:16],
-        pool=DUCKDB_POOL,
         automation_condition=SQL_MODEL_AUTOMATION,
         metadata={
             "sql_file": dg.MetadataValue.path(str(model.path)),
             "reads_raw_tables_of": ", ".join(model.upstream_assets) or "other models only",
         },
     )
-    def sql_model(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.MaterializeResult:
-        target = storage.warehouse_path
-        if not target.exists():
-            raise FileNotFoundError(f"{target} does not exist; materialise `warehouse` first")
-        if applied_sha256(target, model) != model.sha256:
+
+
+MODELS = load_models()
+
+
+@dg.multi_asset(name="sql_models", specs=[_model_spec(model) for model in MODELS], can_subset=True, pool=DUCKDB_POOL)
+def sql_models(context: dg.AssetExecutionContext, storage: TkgStorage):
+    """The SQL models of the published file (one asset per sql/*.sql file, in one step): each
+    re-applies its SQL if the file changed since the publish, and reports its row count and
+    column schema."""
+    target = storage.warehouse_path
+    if not target.exists():
+        raise FileNotFoundError(f"{target} does not exist; materialise `warehouse` first")
+    selected = [model for model in MODELS if dg.AssetKey(["sql", model.name]) in context.selected_asset_keys]
+    applied = applied_sha256s(target)
+    for model in selected:  # dependency order
+        if applied.get(model.name) != model.sha256:
             context.log.info(f"sql/{model.name}.sql changed since the last publish; re-applying it")
             reapply_model(target, model)
-        description = describe_model(target, model)
+    descriptions = describe_models(target, selected)
+    for model in selected:
+        key, description = dg.AssetKey(["sql", model.name]), descriptions[model.name]
         metadata: dict[str, object] = {"kind": "macro" if model.is_macro else "view"}
         if description.row_count is not None:
             metadata["dagster/row_count"] = description.row_count
         if description.columns:
-            metadata["dagster/column_schema"] = dg.TableSchema(
-                columns=[dg.TableColumn(name, kind) for name, kind in description.columns]
-            )
-        return dg.MaterializeResult(metadata=metadata)
-
-    return sql_model
-
-
-sql_models = [_model_asset(model) for model in load_models()]
+            metadata["dagster/column_schema"] = column_schema(description.columns)
+        yield dg.MaterializeResult(asset_key=key, metadata=metadata)
