@@ -39,7 +39,26 @@ def test_partitioned_chain_and_lineage():
     assert parents("warehouse") >= {"temporal_events", "invalidated_events", "canonical_entities"}
     partitioned = graph.get(dg.AssetKey("statements")).partitions_def
     assert isinstance(partitioned, dg.MultiPartitionsDefinition)
-    assert "INTC|2016-10-01" in partitioned.get_partition_keys()
+    assert "HLIO|2024-07-01" in partitioned.get_partition_keys()
+
+
+def test_the_partition_space_follows_the_source():
+    from datetime import date
+
+    from tests.conftest import CORPUS
+    from tkg.partitions import last_quarter, quarter_start
+    from tkg_assets.partitions import partition_space
+
+    quarters_since = lambda first: (last_quarter().year - first.year) * 4 + (last_quarter().month - first.month) // 3 + 1
+    sample = partition_space("sample")
+    # the sample's two companies from their first call (Q1 2024), not every company since 2016
+    assert sample.get_num_partitions() == 2 * quarters_since(date(2024, 1, 1))
+    assert {key.split("|")[0] for key in sample.get_partition_keys()} == {"HLIO", "QNTX"}
+    if CORPUS.exists():
+        corpus = partition_space(str(CORPUS))
+        assert {key.split("|")[0] for key in corpus.get_partition_keys()} == {
+            "AAPL", "AMD", "AMZN", "ASML", "CSCO", "GOOGL", "INTC", "MSFT", "MU", "NVDA"}
+        assert min(key.split("|")[1] for key in corpus.get_partition_keys()) == quarter_start(date(2016, 1, 1)).isoformat()
 
 
 def test_sql_model_code_version_is_the_hash_of_its_sql():

@@ -270,7 +270,7 @@ def test_backend_follows_the_key_or_a_configured_server(monkeypatch):
 
 def test_a_partition_through_dagster_and_a_warm_rerun(fresh, tmp_path, monkeypatch, caplog):
     from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
-    from tkg_assets.definitions import GLOBAL_ASSETS, PARTITIONED_ASSETS
+    from tkg_assets.definitions import pipeline_assets
     from tkg_assets.partitions import partition_key
 
     caplog.set_level(logging.DEBUG)
@@ -282,6 +282,8 @@ def test_a_partition_through_dagster_and_a_warm_rerun(fresh, tmp_path, monkeypat
         "extraction": ExtractionBackend(backend="openai", embeddings="openai", api_key=dg.EnvVar("OPENAI_API_KEY"),
                                         base_url=fresh.base_url, home=str(home)),
     }
+    partitioned, global_assets = pipeline_assets(resources["source"], resources["extraction"])
+    PARTITIONED_ASSETS, GLOBAL_ASSETS = partitioned, global_assets[:3]
     key = partition_key("QNTX", date(2024, 10, 1))
     (tmp_path / "instance").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "instance")) as instance:

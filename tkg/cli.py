@@ -117,8 +117,23 @@ def _parse_date(value: str | None, option: str) -> date | None:
         raise UsageError(f"{option} {value!r} is not a date; write it as YYYY-MM-DD, e.g. {option} 2017-01-31") from None
 
 
-def default_workers() -> int:
+def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# Offline, a worker process pays about three seconds to start (imports, the embedding model):
+# worth it only for about this much transcript text to build.
+TEXT_PER_WORKER = 2_000_000
+
+
+def auto_workers(plan, loaded, backend) -> int:
+    """Worker processes for a build when --workers is not given: one per core for the LLM
+    path (partitions wait on the provider), and offline as many as the text to build keeps busy."""
+    partitions = len(plan.work)
+    if backend.resolved_backend() != "offline":
+        return max(1, min(usable_cores(), partitions))
+    text = sum(len(row.text) for work in plan.work for row in loaded.rows_for(*work.partition))
+    return max(1, min(usable_cores(), partitions, -(-text // TEXT_PER_WORKER)))
 
 
 @app.command()
@@ -148,7 +163,6 @@ def build(
         raise UsageError(f"unknown company {', '.join(unknown)}; the registry knows {', '.join(sorted(load_companies()))} "
                          "(add companies to tkg/config/companies.yaml or TKG_COMPANIES)")
     where = _context(home)
-    workers = workers or default_workers()
     with _exclusive(where):
         _build(where, source, wanted, first, last, workers, force, allow_partial)
 
@@ -162,7 +176,7 @@ def _exclusive(where: Context):
         f"another tkg build (pid {pid}) is running on {where.home}; waiting for it to finish"))
 
 
-def _build(where: Context, source: str, wanted: set[str], first: date | None, last: date | None, workers: int,
+def _build(where: Context, source: str, wanted: set[str], first: date | None, last: date | None, workers: int | None,
            force: bool, allow_partial: bool) -> None:
     from tkg.backend import Backend
     from tkg.build import partitions_of
@@ -201,7 +215,7 @@ def _build(where: Context, source: str, wanted: set[str], first: date | None, la
     console.print(f"extraction: {backend.describe()}")
     defs, instance = _dagster(where, *_resources(where, source, backend))
     started = time.perf_counter()
-    failed = _ingest(defs, instance, plan, workers) if plan.work else []
+    failed = _ingest(defs, instance, plan, workers or auto_workers(plan, loaded, backend)) if plan.work else []
     if failed and not allow_partial:
         console.print(f"[red]{len(failed)} partition(s) failed and kept their last good output; {where.warehouse} was "
                       "not refreshed:[/]")
@@ -248,7 +262,7 @@ _QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 def _ingest(defs, instance, plan, workers: int) -> list[tuple[str, str]]:
     """Run the build_partitions job; the failed partitions with their reasons."""
     from tkg_assets import batch
-    from tkg_assets.instance import run_tags
+    from tkg_assets.instance import run_in_process, run_tags
 
     failed: list[tuple[str, str]] = []
     partial: list[tuple[str, dict]] = []
@@ -269,12 +283,11 @@ def _ingest(defs, instance, plan, workers: int) -> list[tuple[str, str]]:
 
         batch.observers.append(observe)
         try:
-            result = defs.resolve_job_def("build_partitions").execute_in_process(
-                instance=instance, raise_on_error=False, tags=run_tags(),
-                run_config={**_QUIET, "ops": {"build_stale_partitions": {"config": config}}})
+            result = run_in_process(defs, "build_partitions", instance, tags=run_tags(),
+                                    run_config={**_QUIET, "ops": {"build_stale_partitions": {"config": config}}})
         finally:
             batch.observers.remove(observe)
-    error = _failure(result)
+    error = _failure(result, "build_partitions")
     if error and not failed:  # the run itself failed, not a partition: nothing may be refreshed
         failed.append(("build_partitions", error))
     for key, lacking in partial:
@@ -285,13 +298,12 @@ def _ingest(defs, instance, plan, workers: int) -> list[tuple[str, str]]:
 
 def _refresh(defs, instance) -> str | None:
     """Run the global steps; None on success, else the first failure's message."""
-    from tkg_assets.instance import run_tags
+    from tkg_assets.instance import run_in_process, run_tags
 
-    return _failure(defs.resolve_job_def("refresh_graph").execute_in_process(
-        instance=instance, raise_on_error=False, run_config=_QUIET, tags=run_tags()))
+    return _failure(run_in_process(defs, "refresh_graph", instance, run_config=_QUIET, tags=run_tags()), "refresh_graph")
 
 
-def _failure(result) -> str | None:
+def _failure(result, job_name: str) -> str | None:
     """None for a successful run, else the first step failure's message. A run stopped by
     Ctrl-C (Dagster records it and returns) is re-raised as KeyboardInterrupt."""
     import dagster as dg
@@ -307,7 +319,7 @@ def _failure(result) -> str | None:
             return f"{event.step_key}: {data.error.message.strip().splitlines()[0]}"
     if any(event.event_type == dg.DagsterEventType.RUN_CANCELED for event in result.all_events):
         raise KeyboardInterrupt
-    return f"the {result.job_def.name} run failed; see `tkg dev` for its log"
+    return f"the {job_name} run failed; see `tkg dev` for its log"
 
 
 def _print_counts(path: Path) -> bool:

@@ -13,8 +13,10 @@ from datetime import date, datetime, timezone
 
 Partition = tuple[str, date]  # (ticker, first day of the calendar quarter)
 
-# The first quarter of the partition space: calls before it are refused with a clear message.
+# Where the partition space starts when the source cannot be listed (the Hugging Face corpus starts here).
 FIRST_QUARTER = date(2016, 1, 1)
+# Calls dated before this, or after the quarter under way, are refused as implausible.
+EARLIEST_CALL = date(1990, 1, 1)
 
 
 def quarter_start(day: date) -> date:
@@ -48,10 +50,6 @@ def parse_key(key: str) -> Partition:
         raise ValueError(f"{key!r} is not a partition key; expected TICKER|YYYY-MM-DD with the first day of a quarter, "
                          "e.g. AMD|2017-01-01")
     return company, day
-
-
-def in_range(day: date, today: date | None = None) -> bool:
-    return FIRST_QUARTER <= quarter_start(day) <= last_quarter(today)
 
 
 def sort_key(partition: Partition) -> tuple[date, str]:

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from tkg.companies import load_companies
 from tkg.parsing import SourceRow
-from tkg.partitions import FIRST_QUARTER, Partition, last_quarter, quarter_start, sort_key
+from tkg.partitions import EARLIEST_CALL, Partition, last_quarter, quarter_start, sort_key
 
 log = logging.getLogger(__name__)
 
@@ -251,9 +251,9 @@ def _validate(origin: str, record: dict[str, Any], known: set[str]) -> SourceRow
     if company not in known:
         return SourceProblem(origin, "company", f"{company} is not in the company registry; add it to companies.yaml "
                              "(ticker, name, aliases, fiscal_year_end_month) to build its calls", partition)
-    if not FIRST_QUARTER <= partition[1] <= last_quarter():
-        return SourceProblem(origin, "date", f"{call_date.isoformat()} is outside the partition space "
-                             f"({FIRST_QUARTER.isoformat()} to the current quarter)", partition)
+    if not EARLIEST_CALL <= call_date or partition[1] > last_quarter():
+        return SourceProblem(origin, "date", f"{call_date.isoformat()} is outside the dates tkg accepts "
+                             f"({EARLIEST_CALL.isoformat()} to the end of the current quarter)", partition)
     text = record.get("transcript")
     if not isinstance(text, str) or not text.strip():
         return SourceProblem(origin, "transcript", "is empty" if text is None or isinstance(text, str)

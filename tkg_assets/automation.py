@@ -5,7 +5,12 @@ import dagster as dg
 
 # Global assets sit behind an all-partitions dependency: plain eager() would never fire while
 # any company x quarter partition is missing, which is normal (quarters not yet reported).
-GLOBAL_AUTOMATION = dg.AutomationCondition.eager().without(~dg.AutomationCondition.any_deps_missing())
+CANONICAL_AUTOMATION = dg.AutomationCondition.eager().without(~dg.AutomationCondition.any_deps_missing())
+# Invalidation also reads canonical_entities, a global input: it waits until that exists and is
+# not being materialised (a first backfill would otherwise request it alone, and fail).
+INVALIDATION_AUTOMATION = (
+    CANONICAL_AUTOMATION & ~dg.AutomationCondition.any_deps_missing().allow(dg.AssetSelection.assets("canonical_entities"))
+).with_label("eager, once canonical_entities exists")
 
 
 def stale_partition_requests(plan) -> list[dg.RunRequest]:

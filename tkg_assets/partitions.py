@@ -1,6 +1,10 @@
 """The Dagster partitions: company x calendar quarter of the call date (see tkg.partitions).
 
-Keys look like 'INTC|2016-10-01' (dimensions sorted by name: company, then quarter).
+Keys look like 'INTC|2016-10-01' (dimensions sorted by name: company, then quarter). The space
+follows the configured source: the registry's companies that have calls in it, from the
+quarter of its first call to the quarter under way, so the UI shows what could be built, not
+ten empty years of companies the source never mentions. When the source cannot be listed
+cheaply (the Hugging Face hub), every registered company from 2016 on.
 """
 
 from datetime import date
@@ -8,20 +12,30 @@ from datetime import date
 import dagster as dg
 
 from tkg.companies import load_companies
-from tkg.partitions import FIRST_QUARTER, parse_key
+from tkg.partitions import FIRST_QUARTER, Partition, parse_key
+from tkg.sources import SourceError, load_source, source_path
 
-company_partitions = dg.StaticPartitionsDefinition(sorted(load_companies()))
-# end_offset=1 includes the quarter under way: a call held now belongs to it.
-quarter_partitions = dg.TimeWindowPartitionsDefinition(
-    start=FIRST_QUARTER.isoformat(), cron_schedule="0 0 1 1,4,7,10 *", fmt="%Y-%m-%d", end_offset=1
-)
-company_quarter = dg.MultiPartitionsDefinition({"company": company_partitions, "quarter": quarter_partitions})
+
+def partition_space(source: str) -> dg.MultiPartitionsDefinition:
+    companies, first = sorted(load_companies()), FIRST_QUARTER
+    if source_path(source) is not None:
+        try:
+            partitions = load_source(source).partitions()
+        except SourceError:
+            partitions = []
+        if partitions:
+            companies = sorted({company for company, _ in partitions})
+            first = min(quarter for _, quarter in partitions)
+    # end_offset=1 includes the quarter under way: a call held now belongs to it.
+    quarters = dg.TimeWindowPartitionsDefinition(start=first.isoformat(), cron_schedule="0 0 1 1,4,7,10 *", fmt="%Y-%m-%d",
+                                                 end_offset=1)
+    return dg.MultiPartitionsDefinition({"company": dg.StaticPartitionsDefinition(companies), "quarter": quarters})
 
 
 def partition_key(company: str, quarter: date) -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({"company": company, "quarter": quarter.isoformat()})
 
 
-def partition_of(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> tuple[str, date]:
+def partition_of(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> Partition:
     """(ticker, quarter start) of the partition being materialised or checked."""
     return parse_key(str(context.partition_key))

@@ -6,12 +6,13 @@ processes, and recorded it afterwards (`tkg_assets.batch`): both go through `sta
 """
 
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
 
-from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, extraction_backend_from_env
+from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
 from tkg import tables
 from tkg.runner import StageReport, report_of
 from tkg.stages import run_stage
@@ -24,9 +25,19 @@ OWNERS = ["team:tkg"]
 # One partition per run: each is independent, retryable and cost-attributable (notes: dagster #28861).
 PARTITIONED_BACKFILL = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
 RUN_PID_TAG, RUN_HOST_TAG = "tkg/pid", "tkg/host"
-# Code versions of the stages in the environment the definitions load in (prompt, model and
-# settings, or the rule set): a change marks the assets stale in the UI.
-CODE_VERSIONS = extraction_backend_from_env().code_versions()
+# Calls come every quarter: a company's partitions are overdue 100 days after the last one.
+PARTITION_FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=timedelta(days=100), warn_window=timedelta(days=95))
+
+
+def partitioned_asset(stage: str, group: str, partitions_def: dg.PartitionsDefinition, code_versions: dict[str, str],
+                      **kwargs):
+    """The decorator of a partitioned stage's asset: its lineage (`tkg.state.STAGE_INPUTS`),
+    code version, column schema, freshness and one-partition-per-run backfills."""
+    return dg.asset(
+        name=stage, partitions_def=partitions_def, group_name=group, kinds={"python", "parquet"}, owners=OWNERS,
+        deps=list(STAGE_INPUTS[stage]), code_version=code_versions[stage], metadata=definition_metadata(stage),
+        backfill_policy=PARTITIONED_BACKFILL, freshness_policy=PARTITION_FRESHNESS, **kwargs,
+    )
 
 
 def column_schema(columns: list[tuple[str, str]]) -> dg.TableSchema:

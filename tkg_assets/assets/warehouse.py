@@ -5,6 +5,7 @@ import dagster as dg
 
 from resources.tkg import TkgStorage
 from tkg.build import run_warehouse
+from tkg.checks import CHECKS, CheckResult, WarehouseCheckFailed, guard
 from tkg.state import warehouse_code_version
 from tkg.warehouse import SqlModel, applied_sha256s, describe_models, load_models, reapply_model
 from tkg_assets.assets.common import OWNERS, column_schema
@@ -15,6 +16,13 @@ PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "tr
                    "canonical_entities", "invalidated_events")
 
 
+def _check_result(result: CheckResult) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        check_name=result.name, passed=result.passed,
+        severity=dg.AssetCheckSeverity.ERROR if result.blocking else dg.AssetCheckSeverity.WARN,
+        metadata={"failures": result.failures, "examples": dg.MetadataValue.md("\n".join(f"- {e}" for e in result.examples) or "none")})
+
+
 @dg.asset(
     group_name="warehouse",
     kinds={"duckdb"},
@@ -23,18 +31,29 @@ PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "tr
     code_version=warehouse_code_version(),
     pool=DUCKDB_POOL,
     automation_condition=WAREHOUSE_AUTOMATION,
+    check_specs=[dg.AssetCheckSpec(check.name, asset="warehouse", description=check.description, blocking=check.blocking)
+                 for check in CHECKS],
 )
 def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.MaterializeResult:
     """Publishes tkg.duckdb: a fresh file holding the Parquet tables (schema `raw`) and every
     SQL model, swapped into place atomically, so readers never block the pipeline and always
-    see a consistent snapshot. Query it with `duckdb -readonly` or `tkg sql`."""
-    result = run_warehouse(storage.store, storage.warehouse_path)
-    return dg.MaterializeResult(data_version=dg.DataVersion(result.stamp.version), metadata={
-        "path": dg.MetadataValue.path(str(result.path)),
-        "size_bytes": result.size_bytes,
-        "raw_rows": dg.MetadataValue.json(result.raw_rows),
-        "models": ", ".join(result.models),
-    })
+    see a consistent snapshot. Query it with `duckdb -readonly` or `tkg sql`. The checks run on
+    the new file before the swap: if a blocking one fails, the new file is discarded and the
+    last good one stays."""
+    results: list[CheckResult] = []
+    try:
+        published = run_warehouse(storage.store, storage.warehouse_path, check=guard(results))
+    except WarehouseCheckFailed as failure:
+        for result in failure.results:
+            evaluation = _check_result(result)
+            context.log_event(dg.AssetCheckEvaluation(asset_key=context.asset_key, check_name=result.name,
+                                                      passed=result.passed, severity=evaluation.severity,
+                                                      metadata=evaluation.metadata))
+        raise dg.Failure(description=str(failure)) from None
+    return dg.MaterializeResult(
+        data_version=dg.DataVersion(published.stamp.version), check_results=[_check_result(r) for r in results],
+        metadata={"path": dg.MetadataValue.path(str(published.path)), "size_bytes": published.size_bytes,
+                  "raw_rows": dg.MetadataValue.json(published.raw_rows), "models": ", ".join(published.models)})
 
 
 def _model_spec(model: SqlModel) -> dg.AssetSpec:
