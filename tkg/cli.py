@@ -181,6 +181,7 @@ def _build(where: Context, source: str, wanted: set[str], first: date | None, la
     from tkg.backend import Backend
     from tkg.build import partitions_of
     from tkg.plan import plan_build
+    from tkg.runner import prestart, spec_for
     from tkg.sources import describe, load_source
     from tkg.state import global_code_versions
     from tkg.store import ParquetStore, remove_orphaned_temporaries
@@ -213,9 +214,12 @@ def _build(where: Context, source: str, wanted: set[str], first: date | None, la
     console.print(f"building {len(plan.work)} of {len(selection)} partition(s) from {describe(source)} into {where.home} "
                   f"({len(plan.current)} up to date)")
     console.print(f"extraction: {backend.describe()}")
-    defs, instance = _dagster(where, *_resources(where, source, backend))
     started = time.perf_counter()
-    failed = _ingest(defs, instance, plan, workers or auto_workers(plan, loaded, backend)) if plan.work else []
+    workers = min(workers or auto_workers(plan, loaded, backend), max(1, len(plan.work)))
+    if plan.work:  # the workers start up while Dagster does
+        prestart(spec_for(backend, source, workers, _log_level()), workers)
+    defs, instance = _dagster(where, *_resources(where, source, backend))
+    failed = _ingest(defs, instance, plan, workers) if plan.work else []
     if failed and not allow_partial:
         console.print(f"[red]{len(failed)} partition(s) failed and kept their last good output; {where.warehouse} was "
                       "not refreshed:[/]")
@@ -231,6 +235,11 @@ def _build(where: Context, source: str, wanted: set[str], first: date | None, la
     console.print(f"done in {time.perf_counter() - started:.1f}s: {where.warehouse}")
     if failed or partial or skipped:
         raise typer.Exit(EXIT_SKIPPED)
+
+
+def _log_level() -> str:
+    """Of tkg's loggers: per-item warnings (a dropped chunk, a retry) are summed up per partition."""
+    return "DEBUG" if state.debug else "ERROR"
 
 
 def _resources(where: Context, source: str, backend):
@@ -268,7 +277,7 @@ def _ingest(defs, instance, plan, workers: int) -> list[tuple[str, str]]:
     partial: list[tuple[str, dict]] = []
     config = {"stages": {work.key: sorted(work.stages) for work in plan.work},
               "reasons": {work.key: work.reason for work in plan.work}, "workers": workers,
-              "log_level": "DEBUG" if state.debug else "ERROR"}
+              "log_level": _log_level()}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         task = progress.add_task("partitions", total=len(plan.work))

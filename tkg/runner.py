@@ -80,6 +80,15 @@ class PartitionOutcome:
         return f"{self.task.company}|{self.task.quarter.isoformat()}"
 
 
+def spec_for(backend, source: str, workers: int, log_level: str = "WARNING") -> BackendSpec:
+    """What workers build with, from a `tkg.backend.Backend`: the request limit is per process,
+    so it is split between the workers, which together keep to it."""
+    fields = backend.explicit_fields()
+    fields["max_in_flight"] = max(1, backend.llm_settings().max_in_flight // max(1, workers))
+    return BackendSpec(home=backend.home, source=source, extraction=fields, allow_partial=backend.allow_partial,
+                       log_level=log_level)
+
+
 def report_of(stage: str, result) -> StageReport:
     table = result.table
     return StageReport(stage=stage, rows=table.num_rows, columns=[(f.name, str(f.type)) for f in table.schema],
@@ -153,6 +162,33 @@ def _worker_init(parent: int, log_level: str) -> None:
 # --- in the parent ---------------------------------------------------------------------------
 
 
+def _warm(spec: BackendSpec) -> None:
+    """Load what a build needs (modules, the embedding model, the source) before the first task."""
+    from tkg.sources import load_source
+
+    _components(spec).embedder.embed(["warm up"])
+    load_source(spec.source)
+
+
+def _new_pool(spec: BackendSpec, workers: int) -> ProcessPoolExecutor:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(os.getpid(), spec.log_level))
+    for _ in range(workers):
+        pool.submit(_warm, spec)
+    return pool
+
+
+_prestarted: dict[tuple[str, int], ProcessPoolExecutor] = {}
+
+
+def prestart(spec: BackendSpec, workers: int) -> None:
+    """Start (and warm up) the worker processes now, while the caller sets up Dagster: the
+    seconds they take to start then overlap with that set-up. `run_partitions` with the same
+    spec and worker count takes them over."""
+    if workers > 1 and (repr(spec), workers) not in _prestarted:
+        _prestarted[(repr(spec), workers)] = _new_pool(spec, workers)
+
+
 def run_partitions(spec: BackendSpec, tasks: list[PartitionTask], workers: int) -> Iterator[PartitionOutcome]:
     """Build `tasks`, yielding each outcome as it lands. With one worker the partitions are
     built in this process; otherwise in `workers` spawned processes. On KeyboardInterrupt (or
@@ -161,9 +197,7 @@ def run_partitions(spec: BackendSpec, tasks: list[PartitionTask], workers: int) 
         for task in tasks:
             yield build_one(spec, task)
         return
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=context, initializer=_worker_init,
-                               initargs=(os.getpid(), spec.log_level))
+    pool = _prestarted.pop((repr(spec), workers), None) or _new_pool(spec, min(workers, len(tasks)))
     pending: dict[Future, PartitionTask] = {}
     queue = list(tasks)
     finished = False

@@ -14,7 +14,7 @@ import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
 from tkg.partitions import parse_key
-from tkg.runner import BackendSpec, PartitionOutcome, PartitionTask, run_partitions
+from tkg.runner import PartitionOutcome, PartitionTask, run_partitions, spec_for
 from tkg.versions import Stamp
 from tkg_assets.assets.common import stage_metadata, version_tags
 from tkg_assets.partitions import partition_key
@@ -32,15 +32,6 @@ class PartitionsToBuild(dg.Config):
     log_level: str = "WARNING"  # of tkg's loggers in the worker processes
 
 
-def backend_spec(storage: TkgStorage, source: TranscriptSource, extraction: ExtractionBackend,
-                 config: PartitionsToBuild) -> BackendSpec:
-    fields = extraction.explicit_fields()
-    # The request limit is per process: split it so that all workers together keep to it.
-    fields["max_in_flight"] = max(1, extraction.llm_settings().max_in_flight // max(1, config.workers))
-    return BackendSpec(home=storage.home, source=source.source, extraction=fields, allow_partial=extraction.allow_partial,
-                       log_level=config.log_level)
-
-
 @dg.op(out={}, description="Rebuild the stale stages of many partitions in worker processes, and record each stage's "
                    "materialisation as its partition lands.")
 def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToBuild, storage: TkgStorage,
@@ -51,7 +42,8 @@ def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToB
         tasks.append(PartitionTask(company, quarter, tuple(stages), config.reasons.get(key, "")))
     context.log.info(f"building {len(tasks)} partition(s) with {config.workers} worker(s); {extraction.describe()}")
     failed: list[PartitionOutcome] = []
-    for outcome in run_partitions(backend_spec(storage, source, extraction, config), tasks, config.workers):
+    spec = spec_for(extraction.plain(), source.source, config.workers, config.log_level)
+    for outcome in run_partitions(spec, tasks, config.workers):
         for observer in observers:
             observer(outcome)
         if not outcome.ok:
