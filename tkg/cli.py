@@ -9,9 +9,11 @@ tkg.duckdb is not replaced by a worse one); 2 a usage mistake (the message names
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
+from enum import Enum
 from dataclasses import dataclass
 from datetime import date
 from functools import wraps
@@ -47,7 +49,11 @@ state = _State()
 def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False) -> None:
     import logging
 
+    import signal
+
     state.debug = debug
+    if hasattr(signal, "SIGPIPE"):  # `tkg sql ... | head` ends quietly, as Unix tools do
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # Per-item warnings (a dropped chunk, a retry) are summed up per partition; --debug shows them.
     logging.getLogger("tkg").setLevel(logging.DEBUG if debug else logging.ERROR)
 
@@ -86,9 +92,12 @@ def command(function: Callable) -> Callable:
     return wrapper
 
 
-HOME_OPTION = Annotated[
-    Optional[Path], typer.Option("--home", help="Data folder (Parquet, caches, tkg.duckdb, Dagster runs). Default: $TKG_HOME or ./tkg_data")
-]
+HOME_OPTION = Annotated[Optional[Path], typer.Option(
+    "--home", metavar="DIR", help="Data folder (Parquet, caches, tkg.duckdb, Dagster runs). Default: $TKG_HOME or ./tkg_data")]
+SOURCE_OPTION = Annotated[str, typer.Option(
+    metavar="SOURCE", help="'sample' (bundled), a .parquet/.jsonl/.csv file with company,date,transcript, or 'hf' "
+                           "for jlh-ibm/earnings_call")]
+COMPANY_OPTION = Annotated[Optional[list[str]], typer.Option("--company", "-c", metavar="TICKER", help="Only these tickers (repeatable)")]
 
 
 @dataclass
@@ -139,12 +148,14 @@ def auto_workers(plan, loaded, backend) -> int:
 @app.command()
 @command
 def build(
-    source: Annotated[str, typer.Option(help="'sample' (bundled), a .parquet/.jsonl/.csv file, or 'hf' for jlh-ibm/earnings_call")] = "sample",
-    company: Annotated[Optional[list[str]], typer.Option("--company", "-c", help="Only these tickers (repeatable)")] = None,
-    since: Annotated[Optional[str], typer.Option(help="Only calls on or after this date (YYYY-MM-DD)")] = None,
-    until: Annotated[Optional[str], typer.Option(help="Only calls on or before this date (YYYY-MM-DD)")] = None,
+    source: SOURCE_OPTION = "sample",
+    company: COMPANY_OPTION = None,
+    since: Annotated[Optional[str], typer.Option(metavar="DATE", help="Only calls on or after this date (YYYY-MM-DD)")] = None,
+    until: Annotated[Optional[str], typer.Option(metavar="DATE", help="Only calls on or before this date (YYYY-MM-DD)")] = None,
     home: HOME_OPTION = None,
-    workers: Annotated[Optional[int], typer.Option(min=1, help="Worker processes building partitions (default: one per core)")] = None,
+    workers: Annotated[Optional[int], typer.Option(
+        min=1, metavar="N", help="Worker processes building partitions (default: as many as the work keeps busy, at most "
+                                 "one per core)")] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild every selected partition and the global steps, changed or not")] = False,
     allow_partial: Annotated[bool, typer.Option(
         "--allow-partial", help="Keep what a stage extracted when the provider left items unanswered, and publish; "
@@ -152,16 +163,10 @@ def build(
 ) -> None:
     """Build what changed: new or changed calls, stages whose code (prompt, model, rules) changed,
     then resolution, invalidation and tkg.duckdb. Says 'up to date' when nothing did."""
-    from tkg.companies import load_companies
-
     first, last = _parse_date(since, "--since"), _parse_date(until, "--until")
     if first and last and first > last:
         raise UsageError(f"--since {since} is after --until {until}; swap them")
-    wanted = {c.strip().upper() for c in company or []}
-    unknown = sorted(wanted - set(load_companies()))
-    if unknown:
-        raise UsageError(f"unknown company {', '.join(unknown)}; the registry knows {', '.join(sorted(load_companies()))} "
-                         "(add companies to tkg/config/companies.yaml or TKG_COMPANIES)")
+    wanted = _check_companies(company)
     where = _context(home)
     with _exclusive(where):
         _build(where, source, wanted, first, last, workers, force, allow_partial)
@@ -178,32 +183,21 @@ def _exclusive(where: Context):
 
 def _build(where: Context, source: str, wanted: set[str], first: date | None, last: date | None, workers: int | None,
            force: bool, allow_partial: bool) -> None:
-    from tkg.backend import Backend
-    from tkg.build import partitions_of
-    from tkg.plan import plan_build
     from tkg.runner import prestart, spec_for
-    from tkg.sources import describe, load_source
-    from tkg.state import global_code_versions
-    from tkg.store import ParquetStore, remove_orphaned_temporaries
-    from tkg.warehouse import published_stamp
+    from tkg.sources import describe
+    from tkg.store import remove_orphaned_temporaries
 
     removed = remove_orphaned_temporaries(where.home)
     if removed:
         console.print(f"removed {len(removed)} temporary file(s) a killed build left behind")
 
-    loaded = load_source(source)
+    loaded, selection, backend, plan = _plan(where, source, wanted, force, allow_partial, first, last)
     for problem in loaded.problems:
         console.print(f"[yellow]source row skipped: {problem}[/]")
     for duplicate in loaded.duplicates:
         console.print(f"[yellow]duplicate source row: {duplicate}[/]")
-    selection = partitions_of(loaded, wanted or None, first, last)
     if not selection and not loaded.problems:
         raise UsageError(f"no calls in {describe(source)} match the filters; check --company, --since and --until")
-
-    backend = Backend(home=str(where.home), allow_partial=allow_partial)
-    plan = plan_build(ParquetStore(where.home), loaded, selection, backend.code_versions(),
-                      global_code_versions(backend.judge_code_version()), force=force,
-                      warehouse_stamp=published_stamp(where.warehouse))
     for partition, problems in plan.held.items():
         console.print(f"[yellow]{partition[0]}|{partition[1].isoformat()} kept as built: a source row of it cannot be read[/]")
     skipped = bool(loaded.problems)
@@ -325,7 +319,11 @@ def _failure(result, job_name: str) -> str | None:
         if data is not None and data.error_source == ErrorSource.INTERRUPT:
             raise KeyboardInterrupt
         if data is not None and data.error is not None:
-            return f"{event.step_key}: {data.error.message.strip().splitlines()[0]}"
+            error = data.error
+            while error.cause is not None and error.cls_name in ("DagsterExecutionStepExecutionError",):
+                error = error.cause  # Dagster's wrapper: the user code's own error says what is wrong
+            message = error.message.strip().splitlines()[-1]
+            return f"{event.step_key}: {message if error.cls_name in message else f'{error.cls_name}: {message}'}"
     if any(event.event_type == dg.DagsterEventType.RUN_CANCELED for event in result.all_events):
         raise KeyboardInterrupt
     return f"the {job_name} run failed; see `tkg dev` for its log"
@@ -352,25 +350,187 @@ def _print_counts(path: Path) -> bool:
     return False
 
 
+def _plan(where: Context, source: str, wanted: set[str] | None = None, force: bool = False, allow_partial: bool = False,
+          since: date | None = None, until: date | None = None):
+    """Load the source and plan a build: (loaded source, selection, backend, plan)."""
+    from tkg.backend import Backend
+    from tkg.build import partitions_of
+    from tkg.plan import plan_build
+    from tkg.sources import load_source
+    from tkg.state import global_code_versions
+    from tkg.store import ParquetStore
+    from tkg.warehouse import published_stamp
+
+    loaded = load_source(source)
+    selection = partitions_of(loaded, wanted or None, since, until)
+    backend = Backend(home=str(where.home), allow_partial=allow_partial)
+    plan = plan_build(ParquetStore(where.home), loaded, selection, backend.code_versions(),
+                      global_code_versions(backend.judge_code_version()), force=force,
+                      warehouse_stamp=published_stamp(where.warehouse))
+    return loaded, selection, backend, plan
+
+
+def _check_companies(company: list[str] | None) -> set[str]:
+    from tkg.companies import load_companies
+
+    wanted = {c.strip().upper() for c in company or []}
+    unknown = sorted(wanted - set(load_companies()))
+    if unknown:
+        raise UsageError(f"unknown company {', '.join(unknown)}; the registry knows {', '.join(sorted(load_companies()))} "
+                         "(add companies to tkg/config/companies.yaml or TKG_COMPANIES)")
+    return wanted
+
+
+@app.command()
+@command
+def status(
+    source: SOURCE_OPTION = "sample",
+    company: COMPANY_OPTION = None,
+    home: HOME_OPTION = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object, for scripts")] = False,
+) -> None:
+    """What is built, stale or missing, per company and quarter, and whether tkg.duckdb is current."""
+    import json
+
+    where = _context(home)
+    loaded, selection, _, plan = _plan(where, source, _check_companies(company))
+    rows: list[dict] = []
+    for partition in plan.current:
+        rows.append({"partition": partition, "state": "built", "reason": ""})
+    for work in plan.work:
+        rows.append({"partition": work.partition, "state": "missing" if work.reason == "new" else "stale", "reason": work.reason})
+    for partition, problems in plan.held.items():
+        rows.append({"partition": partition, "state": "kept", "reason": "a source row cannot be read: " + "; ".join(map(str, problems))})
+    for partition in plan.stored_elsewhere:
+        rows.append({"partition": partition, "state": "not in source", "reason": "built, but the source has no call for it"})
+    rows.sort(key=lambda row: (row["partition"][0], row["partition"][1]))
+    graph = "up to date" if not plan.global_reasons else "; ".join(plan.global_reasons)
+    if as_json:
+        print(json.dumps({"source": loaded.name, "warehouse": str(where.warehouse), "graph": graph,
+                          "skipped_rows": loaded.skipped,
+                          "partitions": [{"company": r["partition"][0], "quarter": r["partition"][1].isoformat(),
+                                          "state": r["state"], "reason": r["reason"]} for r in rows]}, indent=1))
+        return
+    summary = Table("company", "built", "stale", "missing", "kept", "not in source", title=f"{loaded.name} in {where.home}")
+    for ticker in sorted({row["partition"][0] for row in rows}):
+        mine = [row["state"] for row in rows if row["partition"][0] == ticker]
+        summary.add_row(ticker, *(str(mine.count(state)) for state in ("built", "stale", "missing", "kept", "not in source")))
+    Console(soft_wrap=True).print(summary)
+    for row in rows:
+        if row["state"] != "built":
+            print(f"{row['partition'][0]}|{row['partition'][1].isoformat()}  {row['state']}: {row['reason']}")
+    for problem in loaded.problems:
+        print(f"source row skipped: {problem}")
+    print(f"graph ({where.warehouse}): {graph}")
+
+
+def _quarter_argument(value: str) -> date:
+    """'2017-01-01' (any day of the quarter) or '2017Q1'."""
+    from tkg.partitions import quarter_start
+
+    text = value.strip().upper()
+    if len(text) == 6 and text[4] == "Q" and text[:4].isdigit() and text[5] in "1234":
+        return date(int(text[:4]), 3 * (int(text[5]) - 1) + 1, 1)
+    try:
+        return quarter_start(date.fromisoformat(text))
+    except ValueError:
+        raise UsageError(f"{value!r} is not a quarter; write 2017Q1 or a date in it, e.g. 2017-01-01") from None
+
+
+@app.command()
+@command
+def remove(
+    company: Annotated[str, typer.Argument(metavar="COMPANY", help="Ticker, e.g. AMD")],
+    quarter: Annotated[str, typer.Argument(metavar="QUARTER", help="2017Q1, or any date in the quarter")],
+    source: SOURCE_OPTION = "sample",
+    home: HOME_OPTION = None,
+) -> None:
+    """Delete one partition's outputs and republish the graph without it: facts that only its
+    calls had retired are open again. Use it to correct a bad source or honour a deletion request."""
+    from tkg.partitions import key_of
+    from tkg.sources import describe, load_source
+    from tkg.state import PARTITIONED_STAGES, stored_partitions
+    from tkg.store import ParquetStore
+
+    where = _context(home)
+    partition = (company.strip().upper(), _quarter_argument(quarter))
+    key = key_of(*partition)
+    store = ParquetStore(where.home)
+    if partition not in stored_partitions(store):
+        raise UsageError(f"nothing is built for {key}; `tkg status` lists what is")
+    with _exclusive(where):
+        retired_by_it = _retired_by(where.warehouse, *partition)
+        for stage in PARTITIONED_STAGES:
+            store.partition_path(stage, *partition).unlink(missing_ok=True)
+        for path in (store.parquet_root / "llm_calls").glob(f"*/company={partition[0]}/quarter={partition[1].isoformat()}/*.parquet"):
+            path.unlink()
+        console.print(f"removed {key}")
+        _, _, backend, _ = _plan(where, source)
+        # Dagster's SQLite event log cannot forget one partition's materialisations
+        # (wipe_asset_partitions is not implemented for it): they stay in the run history.
+        defs, instance = _dagster(where, *_resources(where, source, backend))
+        error = _refresh(defs, instance)
+        if error:
+            console.print(f"[red]the global steps failed, {where.warehouse} keeps its last contents: {error}[/]")
+            raise typer.Exit(EXIT_FAILED)
+    still_retired = _still_retired(where.warehouse, retired_by_it)
+    console.print(f"republished {where.warehouse}: of the {len(retired_by_it)} fact(s) {key} had retired, "
+                  f"{len(retired_by_it) - len(still_retired)} are open again and {len(still_retired)} are retired by other calls")
+    if load_source(source).rows_for(*partition):
+        console.print(f"[yellow]{describe(source)} still holds calls of {key}: remove them there, or the next "
+                      "`tkg build` brings the partition back[/]")
+
+
+def _still_retired(warehouse: Path, events: set[str]) -> set[str]:
+    import duckdb
+
+    with duckdb.connect(str(warehouse), read_only=True) as connection:
+        return {row[0] for row in connection.execute(
+            "SELECT event_id FROM events WHERE invalidated_by IS NOT NULL AND event_id IN (SELECT unnest(?::VARCHAR[]))",
+            [sorted(events)]).fetchall()}
+
+
+def _retired_by(warehouse: Path, company: str, quarter: date) -> set[str]:
+    """Events that events of this partition retire, in the published file."""
+    import duckdb
+
+    if not warehouse.exists():
+        return set()
+    with duckdb.connect(str(warehouse), read_only=True) as connection:
+        return {row[0] for row in connection.execute(
+            "SELECT e.event_id FROM events e JOIN raw.events r ON r.event_id = e.invalidated_by "
+            "WHERE r.company = ? AND r.quarter = ?", [company, quarter]).fetchall()}
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
 @app.command()
 @command
 def sql(
-    query: Annotated[Optional[str], typer.Argument(help="SQL to run; omit for an interactive prompt")] = None,
+    query: Annotated[Optional[str], typer.Argument(metavar="[QUERY]", help="SQL to run; omit for an interactive prompt")] = None,
     home: HOME_OPTION = None,
+    output: Annotated[OutputFormat, typer.Option("--format", help="table (for reading), or every row as csv or json (for scripts)")] = OutputFormat.table,
+    max_rows: Annotated[int, typer.Option("--max-rows", metavar="N", min=0, help="Rows a table shows (0: all)")] = 40,
 ) -> None:
-    """Query tkg.duckdb read-only (never blocks the pipeline)."""
+    """Query tkg.duckdb read-only. Never blocks the pipeline, and writes nothing on disk."""
     import duckdb
 
     where = _context(home)
     if not where.warehouse.exists():
-        raise UsageError(f"{where.warehouse} does not exist; run `tkg build` first")
+        raise UsageError(f"{where.warehouse} does not exist; run `tkg build` first (or pass --home)")
     with duckdb.connect(str(where.warehouse), read_only=True) as connection:
         connection.execute("SET TimeZone = 'UTC'")
         if query:
             try:
-                connection.sql(query).show(max_width=10_000)
+                relation = connection.sql(query)
+                if relation is not None:
+                    _print_relation(relation, output, max_rows)
             except duckdb.Error as error:
-                raise UsageError(f"{str(error).splitlines()[0]}") from None
+                raise UsageError(f"{str(error).splitlines()[0]} (in the query; the views are listed in the README)") from None
             return
         console.print(f"{where.warehouse} (read-only). End statements with ';', quit with Ctrl-D.")
         buffer = ""
@@ -384,24 +544,49 @@ def sql(
                 try:
                     relation = connection.sql(buffer)
                     if relation is not None:
-                        relation.show(max_width=10_000)
+                        _print_relation(relation, output, max_rows)
                 except duckdb.Error as error:
                     console.print(f"[red]{error}[/]")
                 buffer = ""
 
 
+def _print_relation(relation, output: OutputFormat, max_rows: int) -> None:
+    import csv
+    import json
+
+    if output is OutputFormat.table:
+        relation.show(max_width=10_000, max_rows=max_rows or 10**12)
+        return
+    columns, rows = relation.columns, relation.fetchall()
+    if output is OutputFormat.csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    else:
+        json.dump([dict(zip(columns, row)) for row in rows], sys.stdout, default=str, indent=1)
+        sys.stdout.write("\n")
+
+
 @app.command()
 @command
-def dev(home: HOME_OPTION = None) -> None:
-    """Open the Dagster UI on this data folder (`dagster dev -w workspace.yaml`)."""
+def dev(
+    home: HOME_OPTION = None,
+    port: Annotated[int, typer.Option("--port", "-p", metavar="PORT", min=1, max=65535, help="Port of the UI")] = 3000,
+    host: Annotated[str, typer.Option(metavar="HOST", help="Interface the UI listens on")] = "127.0.0.1",
+) -> None:
+    """Open the Dagster UI (`dg dev`) on this data folder, with the runs `tkg build` made."""
     from tkg_assets.instance import open_instance
 
     where = _context(home)
     open_instance(where.dagster_home).dispose()
-    workspace = Path("workspace.yaml")
-    target = ["-w", str(workspace)] if workspace.exists() else ["-m", "tkg_assets.definitions"]
-    os.execvpe("dagster", ["dagster", "dev", *target],
-               {**os.environ, "DAGSTER_HOME": str(where.dagster_home), "TKG_HOME": str(where.home)})
+    project = Path(__file__).resolve().parent.parent
+    environment = {**os.environ, "DAGSTER_HOME": str(where.dagster_home), "TKG_HOME": str(where.home)}
+    if (project / "pyproject.toml").exists() and shutil.which("dg"):
+        # A source checkout: dg finds the code location in pyproject.toml ([tool.dg]).
+        os.chdir(project)
+        os.execvpe("dg", ["dg", "dev", "--port", str(port), "--host", host], environment)
+    # An installed wheel has no project folder: point Dagster at the module instead.
+    os.execvpe("dagster", ["dagster", "dev", "-m", "tkg_assets.definitions", "-p", str(port), "-h", host], environment)
 
 
 if __name__ == "__main__":

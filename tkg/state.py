@@ -88,9 +88,10 @@ def stored_partitions(store: ParquetStore) -> list[Partition]:
     """Every partition with at least one stage file in the store."""
     found = set()
     for stage in PARTITIONED_STAGES:
-        for path in (store.parquet_root / stage).glob("company=*/quarter=*"):
+        for path in (store.parquet_root / stage).glob(f"company=*/quarter=*/{stage}.parquet"):
+            folder = path.parent
             try:
-                found.add(parse_key(f"{path.parent.name.removeprefix('company=')}|{path.name.removeprefix('quarter=')}"))
+                found.add(parse_key(f"{folder.parent.name.removeprefix('company=')}|{folder.name.removeprefix('quarter=')}"))
             except ValueError:
                 continue
     return sorted(found, key=sort_key)
