@@ -34,6 +34,41 @@ def _isolated_environment(tmp_path, monkeypatch):
     (tmp_path / "dagster_home").mkdir(exist_ok=True)
 
 
+def run_tkg(home: Path, *args: str, env: dict | None = None, timeout: float = 900, check: bool = False):
+    """`tkg ...` in a subprocess, as a user runs it: offline unless `env` says otherwise, with
+    the data folder `home` and no DAGSTER_HOME of the developer's."""
+    import subprocess
+    import sys
+
+    environment = {**os.environ, "TKG_HOME": str(home), **(env or {})}
+    for name in ("OPENAI_API_KEY", "TKG_LLM", "DAGSTER_HOME"):
+        if name not in (env or {}):
+            environment.pop(name, None)
+    completed = subprocess.run([sys.executable, "-m", "tkg.cli", *args], env=environment, capture_output=True, text=True,
+                               timeout=timeout)
+    if check:
+        assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed
+
+
+@pytest.fixture(scope="session")
+def corpus_home(tmp_path_factory):
+    """The whole real corpus built once per session with `tkg build`, offline (about 90 s)."""
+    if not CORPUS.exists():
+        pytest.skip(f"the real corpus is not at {CORPUS}")
+    home = tmp_path_factory.mktemp("corpus")
+    run_tkg(home, "build", "--source", str(CORPUS), timeout=1800, check=True)
+    return home
+
+
+@pytest.fixture(scope="session")
+def sample_home(tmp_path_factory):
+    """The bundled sample built once per session with `tkg build`; copy it before changing it."""
+    home = tmp_path_factory.mktemp("sample")
+    run_tkg(home, "build", check=True)
+    return home
+
+
 @pytest.fixture(scope="session")
 def corpus_rows():
     if not CORPUS.exists():

@@ -1,16 +1,12 @@
-"""The whole real corpus, offline: the gold questions, harder officer cases, and no stable
-officer ever retired."""
+"""The whole real corpus, built with `tkg build` offline: the gold questions, harder officer
+cases, no stable officer ever retired, and the CLI on the published file."""
 
 from __future__ import annotations
 
 import duckdb
 import pytest
 
-from tests.conftest import CORPUS, gold_cases, needs_corpus, needs_gold
-from tkg.build import BuildReport, build_partitions_offline, finish_graph, partitions_of
-from tkg.invalidation import RuleJudge
-from tkg.sources import load_source
-from tkg.store import ParquetStore
+from tests.conftest import CORPUS, gold_cases, needs_corpus, needs_gold, run_tkg
 
 pytestmark = [needs_corpus, pytest.mark.slow]
 
@@ -39,14 +35,8 @@ HARDER_ALIAS_CASES = [
 
 
 @pytest.fixture(scope="module")
-def warehouse(tmp_path_factory):
-    home = tmp_path_factory.mktemp("corpus")
-    store = ParquetStore(home)
-    source = load_source(str(CORPUS))
-    partitions = partitions_of(source)
-    build_partitions_offline(store, str(CORPUS), partitions, workers=2)
-    finish_graph(store, RuleJudge(), home / "tkg.duckdb", BuildReport(partitions=partitions))
-    connection = duckdb.connect(str(home / "tkg.duckdb"), read_only=True)
+def warehouse(corpus_home):
+    connection = duckdb.connect(str(corpus_home / "tkg.duckdb"), read_only=True)
     yield connection
     connection.close()
 
@@ -116,3 +106,23 @@ def test_one_holder_per_office_at_any_time(warehouse):
         "WHERE a.role IN ('CEO', 'CFO', 'COO', 'President', 'Chairman')"
     ).fetchall()
     assert overlaps == []
+
+
+def test_every_call_is_published(warehouse):
+    calls = dict(warehouse.execute("SELECT company, count(*) FROM transcripts GROUP BY ALL").fetchall())
+    assert sum(calls.values()) == 188 and calls["AMD"] == 19 and calls["MU"] == 17
+
+
+def test_stacy_smith_is_retired_by_swan(warehouse):
+    rows = warehouse.execute(
+        "SELECT DISTINCT f.invalid_at::DATE::VARCHAR, i.subject FROM facts f JOIN facts i ON i.event_id = f.invalidated_by "
+        "WHERE f.subject = 'Stacy Smith' AND f.object = 'CFO of Intel Corporation'").fetchall()
+    assert rows == [("2016-10-18", "Robert H. Swan")]
+
+
+def test_a_second_build_is_up_to_date_and_the_cli_reads_the_file(corpus_home):
+    again = run_tkg(corpus_home, "build", "--source", str(CORPUS))
+    assert again.returncode == 0 and "up to date: 187 partition(s)" in again.stderr, again.stderr[-2000:]
+    answer = run_tkg(corpus_home, "sql", "--format", "csv", "SELECT subject FROM facts_as_of(TIMESTAMP '2017-06-01') "
+                     "WHERE company = 'INTC' AND object = 'CFO of Intel Corporation'")
+    assert answer.returncode == 0 and answer.stdout.splitlines() == ["subject", "Robert H. Swan"]

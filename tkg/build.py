@@ -20,17 +20,20 @@ from tkg.invalidation import InvalidationResult, Judge, canonical_triplets, inva
 from tkg.partitions import Partition
 from tkg.pipeline import StageResult
 from tkg.resolution import Resolution, resolve_entities
+from tkg.retention import RetentionSettings, retention_settings, score_facts
 from tkg.sources import LoadedSource
 from tkg.stages import Components, StageIncomplete, _missing_text, _stats, build_partition, record_usage
 from tkg.state import (
     PARTITIONED_STAGES,
     RESOLUTION_VERSION,
+    RETENTION_VERSION,
     HalfBuilt,
     consistent_versions,
     global_inputs,
     global_stamps,
     judge_code_version,
     partial_partitions,
+    stale_globals,
     warehouse_code_version,
     warehouse_inputs,
 )
@@ -48,7 +51,7 @@ def run_canonical_entities(store: ParquetStore) -> Resolution:
     registry = store.global_path("canonical_entities")
     previous = store.read(registry) if registry.exists() else None
     resolution = resolve_entities(store.read_all("entities", tables.ENTITIES), previous)
-    stamp = Stamp("canonical_entities", RESOLUTION_VERSION, global_inputs(versions)["canonical_entities"])
+    stamp = Stamp("canonical_entities", RESOLUTION_VERSION, global_inputs(versions, {})["canonical_entities"])
     store.write(store.global_path("canonical_entities", "entity_resolution"), stamped(resolution.mapping, stamp))
     resolution.path = store.write(registry, stamped(resolution.canonical_entities, stamp))
     resolution.stamp = stamp
@@ -61,8 +64,7 @@ def run_invalidation(store: ParquetStore, judge: Judge, allow_partial: bool = Fa
     resolution_stamp = read_stamp(mapping_path)
     if resolution_stamp is None:
         raise FileNotFoundError("canonical_entities has not been materialised yet; materialise it before invalidated_events")
-    expected = global_inputs(versions)["canonical_entities"]
-    if resolution_stamp.inputs != expected:
+    if resolution_stamp.inputs != global_inputs(versions, {})["canonical_entities"]:
         raise HalfBuilt("canonical_entities is older than the partitions it should cover; materialise it first")
     resolved = canonical_triplets(
         store.read_all("triplets", tables.TRIPLETS), store.read(mapping_path), store.read(store.global_path("canonical_entities"))
@@ -77,7 +79,7 @@ def run_invalidation(store: ParquetStore, judge: Judge, allow_partial: bool = Fa
     if missing and not allow_partial:
         raise StageIncomplete("invalidated_events", None, f"{_missing_text(missing)} (last error: "
                               f"{stats.since(before).last_error or 'none'}); rerun to retry only those")
-    inputs = {**global_inputs(versions)["invalidated_events"], "canonical_entities": resolution_stamp.version}
+    inputs = global_inputs(versions, {"canonical_entities": resolution_stamp})["invalidated_events"]
     stamp = Stamp("invalidated_events", judge_code_version(judge.name, _judge_fingerprint(judge)), inputs, missing)
     store.write(store.global_path("invalidated_events", "invalidation_judgments"), stamped(result.judgments, stamp))
     result.path = store.write(store.global_path("invalidated_events", "event_invalidations"),
@@ -91,18 +93,29 @@ def _judge_fingerprint(judge: Judge) -> str:
     return fingerprint("judge") if callable(fingerprint) else ""
 
 
+def run_fact_relevance(store: ParquetStore, settings: RetentionSettings | None = None) -> StageResult:
+    """Score every fact for retention and mark the ones to archive (tkg.retention)."""
+    settings = settings or retention_settings()
+    versions = consistent_versions(store)
+    events = store.read_all("temporal_events", tables.EVENTS, columns=["event_id", "statement_hash", "statement_type", "created_at"])
+    result = StageResult(score_facts(events, settings))
+    result.counts["archived"] = result.table.num_rows - result.table.column("archive_reason").null_count
+    result.stamp = Stamp("fact_relevance", f"{RETENTION_VERSION}:{settings.fingerprint()}",
+                         global_inputs(versions, {})["fact_relevance"])
+    result.path = store.write(store.global_path("fact_relevance"), stamped(result.table, result.stamp))
+    return result
+
+
 def run_warehouse(store: ParquetStore, target: Path, check: Callable | None = None) -> PublishResult:
-    """Publish tkg.duckdb from the Parquet tree, once every partition is whole and both global
+    """Publish tkg.duckdb from the Parquet tree, once every partition is whole and the global
     steps cover them; `check` guards the new file before it replaces the old one."""
     versions = consistent_versions(store)
     stamps = global_stamps(store)
-    expected = global_inputs(versions)
-    canonical, invalidation = stamps["canonical_entities"], stamps["invalidated_events"]
-    if canonical is None or canonical.inputs != expected["canonical_entities"]:
-        raise HalfBuilt("canonical_entities does not cover the current partitions; materialise it before the warehouse")
-    if invalidation is None or invalidation.inputs != {**expected["invalidated_events"], "canonical_entities": canonical.version}:
-        raise HalfBuilt("invalidated_events does not cover the current partitions; materialise it before the warehouse")
-    missing = Counter(invalidation.missing)
+    reasons = stale_globals(versions, stamps)
+    if reasons:
+        raise HalfBuilt(f"the global steps do not cover the current partitions ({'; '.join(reasons)}); "
+                        "materialise them before the warehouse")
+    missing = Counter(stamps["invalidated_events"].missing)
     for lacking in partial_partitions(store).values():
         missing.update(lacking)
     stamp = Stamp("warehouse", warehouse_code_version(), warehouse_inputs(versions, stamps), dict(missing))
@@ -189,6 +202,7 @@ def finish_graph(store: ParquetStore, judge: Judge, warehouse: Path | None, repo
     """The global stages: resolution, invalidation and (optionally) the warehouse."""
     report.counts.update(run_canonical_entities(store).counts)
     report.counts.update(run_invalidation(store, judge, allow_partial).counts)
+    report.counts.update(run_fact_relevance(store).counts)
     if warehouse is not None:
         report.publish = run_warehouse(store, warehouse)
     return report

@@ -13,9 +13,9 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from enum import Enum
 from dataclasses import dataclass
 from datetime import date
+from enum import Enum
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Optional
@@ -48,7 +48,6 @@ state = _State()
 @app.callback()
 def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False) -> None:
     import logging
-
     import signal
 
     state.debug = debug
@@ -205,8 +204,11 @@ def _build(where: Context, source: str, wanted: set[str], first: date | None, la
         console.print(f"up to date: {len(plan.current)} partition(s) of {describe(source)} and {where.warehouse}")
         raise typer.Exit(EXIT_SKIPPED if skipped else 0)
 
-    console.print(f"building {len(plan.work)} of {len(selection)} partition(s) from {describe(source)} into {where.home} "
-                  f"({len(plan.current)} up to date)")
+    if plan.work:
+        console.print(f"building {len(plan.work)} of {len(selection)} partition(s) from {describe(source)} into {where.home} "
+                      f"({len(plan.current)} up to date)")
+    else:
+        console.print(f"all {len(plan.current)} partition(s) up to date; refreshing the graph: {'; '.join(plan.global_reasons)}")
     console.print(f"extraction: {backend.describe()}")
     started = time.perf_counter()
     workers = min(workers or auto_workers(plan, loaded, backend), max(1, len(plan.work)))

@@ -19,10 +19,10 @@ from tkg.state import (
     HalfBuilt,
     consistent_versions,
     downstream_of,
-    global_inputs,
     global_stamps,
     partition_stamps,
     source_inputs,
+    stale_globals,
     stored_partitions,
     warehouse_inputs,
 )
@@ -128,30 +128,14 @@ def global_staleness(store: ParquetStore, global_code_versions: dict[str, str], 
         versions = consistent_versions(store)
     except HalfBuilt as error:
         return [str(error)]
-    expected = global_inputs(versions)
     stamps = global_stamps(store)
-    reasons = []
-    for stage in ("canonical_entities", "invalidated_events"):
-        stamp = stamps[stage]
-        if stamp is None:
-            reasons.append(f"{stage} missing")
-            continue
-        inputs = dict(expected[stage])
-        if stage == "invalidated_events" and stamps["canonical_entities"] is not None:
-            inputs["canonical_entities"] = stamps["canonical_entities"].version
-        if stamp.code_version != global_code_versions[stage]:
-            reasons.append(f"code changed: {stage}")
-        elif stamp.inputs != inputs:
-            reasons.append(f"{stage} older than its inputs")
-        elif not stamp.complete:
-            reasons.append(f"{stage} incomplete")
+    reasons = stale_globals(versions, stamps, global_code_versions)
     if reasons:
         return reasons
-    want = warehouse_inputs(versions, stamps)
     if warehouse_stamp is None:
-        reasons.append("warehouse not published")
-    elif warehouse_stamp.code_version != global_code_versions["warehouse"]:
-        reasons.append("code changed: warehouse (SQL models)")
-    elif warehouse_stamp.inputs != want:
-        reasons.append("warehouse older than its inputs")
-    return reasons
+        return ["warehouse not published"]
+    if warehouse_stamp.code_version != global_code_versions["warehouse"]:
+        return ["code changed: warehouse (SQL models)"]
+    if warehouse_stamp.inputs != warehouse_inputs(versions, stamps):
+        return ["warehouse older than its inputs"]
+    return []

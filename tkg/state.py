@@ -36,6 +36,7 @@ TRANSCRIPTS_VERSION = "streetevents-parser-1"
 CHUNKS_VERSION = "semantic-chunks-1"
 ENTITIES_VERSION = "entity-mentions-1"
 RESOLUTION_VERSION = "entity-resolution-2"
+RETENTION_VERSION = "fact-relevance-1"
 WAREHOUSE_VERSION = "warehouse-2"
 
 
@@ -159,28 +160,53 @@ def warehouse_code_version() -> str:
 
 
 def global_code_versions(judge_version: str) -> dict[str, str]:
+    from tkg.retention import retention_settings
+
     return {"canonical_entities": RESOLUTION_VERSION, "invalidated_events": judge_version,
+            "fact_relevance": f"{RETENTION_VERSION}:{retention_settings().fingerprint()}",
             "warehouse": warehouse_code_version()}
 
 
 def global_stamps(store: ParquetStore) -> dict[str, Stamp | None]:
     return {"canonical_entities": read_stamp(store.global_path("canonical_entities")),
-            "invalidated_events": read_stamp(store.global_path("invalidated_events", "event_invalidations"))}
+            "invalidated_events": read_stamp(store.global_path("invalidated_events", "event_invalidations")),
+            "fact_relevance": read_stamp(store.global_path("fact_relevance"))}
 
 
 def warehouse_inputs(versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None]) -> dict[str, str]:
-    """What the published file is built from: every partition and both global steps."""
+    """What the published file is built from: every partition and every global step."""
     inputs = {stage: combine(by_partition) for stage, by_partition in versions.items()}
     for stage, stamp in stamps.items():
         inputs[stage] = stamp.version if stamp else ""
     return inputs
 
 
-def global_inputs(versions: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-    """The inputs of each global step, from the partition versions."""
-    resolution = {"entities": combine(versions["entities"]), "registry": registry_fingerprint()}
+def global_inputs(versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None]) -> dict[str, dict[str, str]]:
+    """The inputs each global step should have been built from, given the partition versions
+    and the stamps of the global steps it reads."""
+    canonical = stamps.get("canonical_entities")
     return {
-        "canonical_entities": resolution,
-        "invalidated_events": {"temporal_events": combine(versions["temporal_events"]),
-                               "triplets": combine(versions["triplets"])},
+        "canonical_entities": {"entities": combine(versions["entities"]), "registry": registry_fingerprint()},
+        "invalidated_events": {"temporal_events": combine(versions["temporal_events"]), "triplets": combine(versions["triplets"]),
+                               "canonical_entities": canonical.version if canonical else ""},
+        "fact_relevance": {"temporal_events": combine(versions["temporal_events"])},
     }
+
+
+def stale_globals(versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None],
+                  code_versions: dict[str, str] | None = None) -> list[str]:
+    """Why the global steps (before the warehouse) do not cover the partitions: missing, older
+    than their inputs, incomplete, or (when `code_versions` are given) built by other code."""
+    expected = global_inputs(versions, stamps)
+    reasons = []
+    for stage, inputs in expected.items():
+        stamp = stamps[stage]
+        if stamp is None:
+            reasons.append(f"{stage} missing")
+        elif code_versions is not None and stamp.code_version != code_versions[stage]:
+            reasons.append(f"code changed: {stage}")
+        elif stamp.inputs != inputs:
+            reasons.append(f"{stage} older than its inputs")
+        elif not stamp.complete:
+            reasons.append(f"{stage} incomplete")
+    return reasons

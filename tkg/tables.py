@@ -84,6 +84,11 @@ INVALIDATION_JUDGMENTS = pa.schema([
     ("predicate_group", pa.int8()),
 ])
 
+FACT_RELEVANCE = pa.schema([
+    ("event_id", pa.string()), ("relevance", pa.float64()), ("restatements", pa.int64()), ("last_stated_at", TIMESTAMP),
+    ("age_days", pa.int64()), ("archive_reason", pa.string()),
+])
+
 
 LLM_CALLS = pa.schema([
     ("step", pa.string()), ("stage", pa.string()), ("company", pa.string()), ("quarter", pa.date32()),
@@ -160,6 +165,10 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "invalidates": "The judge's verdict", "reason": "The judge's reason", "judge": "Rules or the LLM model that judged",
     "cosine": "Statement-embedding cosine of the pair", "shared_entity_id": "The canonical entity the pair shares",
     "predicate_group": "Predicate group (1-4) of the pair",
+    "relevance": "recency x source trust x (1 + ln restatements); see tkg/config/retention.yaml",
+    "restatements": "Calls that state the same statement", "last_stated_at": "The last call that stated it",
+    "age_days": "Days from its last statement to the latest call in the graph",
+    "archive_reason": "Why retention archived the fact (null: not archived)",
 }
 
 

@@ -50,6 +50,7 @@ RAW_TABLES = (
     RawTable("entity_resolution", "canonical_entities", tables.ENTITY_RESOLUTION, "entity_resolution"),
     RawTable("event_invalidations", "invalidated_events", tables.EVENT_INVALIDATIONS, "event_invalidations"),
     RawTable("invalidation_judgments", "invalidated_events", tables.INVALIDATION_JUDGMENTS, "invalidation_judgments"),
+    RawTable("fact_relevance", "fact_relevance", tables.FACT_RELEVANCE, "fact_relevance"),
     RawTable("llm_calls", "llm_calls", tables.LLM_CALLS, pattern="llm_calls/**/llm_calls.parquet"),
 )
 

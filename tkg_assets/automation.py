@@ -42,5 +42,6 @@ def refresh_after(selection: dg.AssetSelection, label: str) -> dg.AutomationCond
 
 # The warehouse publishes once resolution and invalidation have caught up, not after every
 # partition step; SQL models refresh when the warehouse (or a model they select from) does.
-WAREHOUSE_AUTOMATION = refresh_after(dg.AssetSelection.groups("resolution"), "after resolution and invalidation")
+WAREHOUSE_AUTOMATION = refresh_after(dg.AssetSelection.groups("resolution", "retention"),
+                                     "after resolution, invalidation and retention")
 SQL_MODEL_AUTOMATION = refresh_after(dg.AssetSelection.groups("warehouse", "sql_models"), "after the warehouse publishes")

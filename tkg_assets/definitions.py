@@ -11,6 +11,7 @@ from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, extra
 from tkg_assets.assets.extraction import extraction_assets
 from tkg_assets.assets.ingestion import ingestion_assets
 from tkg_assets.assets.resolution import canonical_entities, invalidation_asset
+from tkg_assets.assets.retention import retention_asset
 from tkg_assets.assets.warehouse import sql_models, warehouse
 from tkg_assets.automation import stale_partition_requests
 from tkg_assets.batch import build_partitions
@@ -23,7 +24,8 @@ def pipeline_assets(source: TranscriptSource, extraction: ExtractionBackend) -> 
     partitions_def = partition_space(source.source)
     code_versions = extraction.code_versions()
     partitioned = [*ingestion_assets(partitions_def, code_versions), *extraction_assets(partitions_def, code_versions)]
-    return partitioned, [canonical_entities, invalidation_asset(extraction.judge_code_version()), warehouse, sql_models]
+    return partitioned, [canonical_entities, invalidation_asset(extraction.judge_code_version()), retention_asset(), warehouse,
+                         sql_models]
 
 
 def build_definitions(storage: TkgStorage, source: TranscriptSource, extraction: ExtractionBackend) -> dg.Definitions:
@@ -56,7 +58,7 @@ def build_definitions(storage: TkgStorage, source: TranscriptSource, extraction:
 
     automation = dg.AutomationConditionSensorDefinition(
         "tkg_automation",
-        target=dg.AssetSelection.groups("resolution", "warehouse", "sql_models"),
+        target=dg.AssetSelection.groups("resolution", "retention", "warehouse", "sql_models"),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Refreshes entity resolution, invalidation and the warehouse after partitions land.",
     )

@@ -13,7 +13,7 @@ from tkg_assets.automation import SQL_MODEL_AUTOMATION, WAREHOUSE_AUTOMATION
 
 DUCKDB_POOL = "tkg_duckdb_write"
 PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "entities",
-                   "canonical_entities", "invalidated_events")
+                   "canonical_entities", "invalidated_events", "fact_relevance")
 
 
 def _check_result(result: CheckResult) -> dg.AssetCheckResult:
