@@ -14,7 +14,7 @@ from tkg_assets.definitions import pipeline_assets
 from tkg_assets.partitions import partition_key
 
 PARTITIONED_ASSETS, GLOBAL_ASSETS = pipeline_assets(TranscriptSource(source="sample"), ExtractionBackend(backend="offline"))
-GLOBAL_ASSETS = GLOBAL_ASSETS[:3]  # without the SQL models
+GLOBAL_ASSETS = GLOBAL_ASSETS[:-1]  # without the SQL models
 transcripts, chunks = PARTITIONED_ASSETS[:2]
 
 SAMPLE_KEYS = [partition_key(company, date(2024, month, 1)) for company in ("HLIO", "QNTX") for month in (1, 4, 7, 10)]

@@ -42,7 +42,8 @@ BREAKAGES = {
     "retirements_are_complete": "UPDATE raw.event_invalidations SET expired_at = NULL "
                                 "WHERE event_id IN (SELECT min(event_id) FROM raw.event_invalidations)",
     "validity_ranges_are_ordered": "UPDATE raw.events SET invalid_at = valid_at - INTERVAL 1 DAY "
-                                   "WHERE event_id IN (SELECT min(event_id) FROM raw.events WHERE temporal_type = 'DYNAMIC')",
+                                   "WHERE event_id IN (SELECT min(event_id) FROM raw.events WHERE temporal_type = 'DYNAMIC' "
+                                   "AND event_id NOT IN (SELECT event_id FROM raw.event_invalidations))",
     "row_counts_within_bounds": "DELETE FROM raw.chunks WHERE transcript_id IN (SELECT min(transcript_id) FROM raw.transcripts)",
     "one_holder_per_office": "UPDATE raw.event_invalidations SET invalid_at = NULL, invalidated_by = NULL, expired_at = NULL",
 }

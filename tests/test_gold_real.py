@@ -123,6 +123,6 @@ def test_stacy_smith_is_retired_by_swan(warehouse):
 def test_a_second_build_is_up_to_date_and_the_cli_reads_the_file(corpus_home):
     again = run_tkg(corpus_home, "build", "--source", str(CORPUS))
     assert again.returncode == 0 and "up to date: 187 partition(s)" in again.stderr, again.stderr[-2000:]
-    answer = run_tkg(corpus_home, "sql", "--format", "csv", "SELECT subject FROM facts_as_of(TIMESTAMP '2017-06-01') "
+    answer = run_tkg(corpus_home, "sql", "--format", "csv", "SELECT DISTINCT subject FROM facts_as_of(TIMESTAMP '2017-06-01') "
                      "WHERE company = 'INTC' AND object = 'CFO of Intel Corporation'")
     assert answer.returncode == 0 and answer.stdout.splitlines() == ["subject", "Robert H. Swan"]

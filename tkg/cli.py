@@ -13,7 +13,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from enum import Enum
 from functools import wraps
@@ -24,6 +24,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+# Typer labels every argument with its Python type ('QUERY <str>'); the metavars and help say
+# what an argument is, so the label is dropped.
+typer.core.TyperArgument.display_type_rich = lambda self, ctx: None
 
 app = typer.Typer(help="tkg: temporal knowledge graphs from earnings-call transcripts.", no_args_is_help=True,
                   pretty_exceptions_enable=False, rich_markup_mode=None)
@@ -210,27 +214,73 @@ def _build(where: Context, source: str, wanted: set[str], first: date | None, la
     else:
         console.print(f"all {len(plan.current)} partition(s) up to date; refreshing the graph: {'; '.join(plan.global_reasons)}")
     console.print(f"extraction: {backend.describe()}")
-    started = time.perf_counter()
+    report = BuildRecord(started=time.perf_counter(), partitions=len(plan.work))
     workers = min(workers or auto_workers(plan, loaded, backend), max(1, len(plan.work)))
+    report.workers = workers
     if plan.work:  # the workers start up while Dagster does
         prestart(spec_for(backend, source, workers, _log_level()), workers)
-    defs, instance = _dagster(where, *_resources(where, source, backend))
-    failed = _ingest(defs, instance, plan, workers) if plan.work else []
-    if failed and not allow_partial:
-        console.print(f"[red]{len(failed)} partition(s) failed and kept their last good output; {where.warehouse} was "
-                      "not refreshed:[/]")
-        for key, error in failed:
-            console.print(f"[red]  {key}: {error}[/]")
-        console.print("rerun `tkg build` to retry them (answers already received are cached)")
-        raise typer.Exit(EXIT_FAILED)
-    error = _refresh(defs, instance)
-    if error:
-        console.print(f"[red]the global steps failed, {where.warehouse} keeps its last good contents: {error}[/]")
-        raise typer.Exit(EXIT_FAILED)
+    try:
+        defs, instance = _dagster(where, *_resources(where, source, backend))
+        report.mark("dagster_setup")
+        failed = _ingest(defs, instance, plan, workers, report) if plan.work else []
+        report.mark("partitions")
+        report.failed = dict(failed)
+        if failed and not allow_partial:
+            console.print(f"[red]{len(failed)} partition(s) failed and kept their last good output; {where.warehouse} was "
+                          "not refreshed:[/]")
+            for key, error in failed:
+                console.print(f"[red]  {key}: {error}[/]")
+            console.print("rerun `tkg build` to retry them (answers already received are cached)")
+            raise typer.Exit(EXIT_FAILED)
+        error = _refresh(defs, instance, report)
+        report.mark("global_steps")
+        if error:
+            report.failed["global steps"] = error
+            console.print(f"[red]the global steps failed, {where.warehouse} keeps its last good contents: {error}[/]")
+            raise typer.Exit(EXIT_FAILED)
+        report.status = "published"
+    finally:
+        report.write(where.home / "last_build.json")
     partial = _print_counts(where.warehouse)
-    console.print(f"done in {time.perf_counter() - started:.1f}s: {where.warehouse}")
+    console.print(f"done in {time.perf_counter() - report.started:.1f}s ({report.summary()}): {where.warehouse}")
     if failed or partial or skipped:
         raise typer.Exit(EXIT_SKIPPED)
+
+
+@dataclass
+class BuildRecord:
+    """Where a build's time went, written to $TKG_HOME/last_build.json for whoever watches an
+    unattended build (and for benchmarks/bench_build.py)."""
+
+    started: float
+    partitions: int
+    workers: int = 1
+    status: str = "failed"
+    stage_seconds: float = 0.0  # tkg's own stage work, summed over the workers
+    seconds: dict[str, float] = field(default_factory=dict)
+    steps: dict[str, float] = field(default_factory=dict)  # the global steps, from Dagster's step stats
+    failed: dict[str, str] = field(default_factory=dict)
+    _last: float = 0.0
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = round(now - (self._last or self.started), 3)
+        self._last = now
+
+    def summary(self) -> str:
+        parts = [f"{phase.replace('_', ' ')} {seconds:.1f}s" for phase, seconds in self.seconds.items()]
+        if self.stage_seconds:
+            parts.append(f"stage work {self.stage_seconds:.1f}s in {self.workers} worker(s)")
+        return ", ".join(parts)
+
+    def write(self, path: Path) -> None:
+        import json
+
+        self.seconds["total"] = round(time.perf_counter() - self.started, 3)
+        record = {"status": self.status, "partitions": self.partitions, "workers": self.workers,
+                  "stage_seconds": round(self.stage_seconds, 3), "seconds": self.seconds, "global_steps": self.steps,
+                  "failed": self.failed}
+        path.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def _log_level() -> str:
@@ -264,7 +314,7 @@ def _dagster(where: Context, storage, source, extraction):
 _QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
-def _ingest(defs, instance, plan, workers: int) -> list[tuple[str, str]]:
+def _ingest(defs, instance, plan, workers: int, report: BuildRecord) -> list[tuple[str, str]]:
     """Run the build_partitions job; the failed partitions with their reasons."""
     from tkg_assets import batch
     from tkg_assets.instance import run_in_process, run_tags
@@ -279,6 +329,7 @@ def _ingest(defs, instance, plan, workers: int) -> list[tuple[str, str]]:
         task = progress.add_task("partitions", total=len(plan.work))
 
         def observe(outcome) -> None:
+            report.stage_seconds += outcome.seconds
             if not outcome.ok:
                 failed.append((outcome.key, outcome.error))
             lacking = {k: v for report in outcome.reports for k, v in report.missing.items()}
@@ -301,11 +352,15 @@ def _ingest(defs, instance, plan, workers: int) -> list[tuple[str, str]]:
     return failed
 
 
-def _refresh(defs, instance) -> str | None:
+def _refresh(defs, instance, report: BuildRecord | None = None) -> str | None:
     """Run the global steps; None on success, else the first failure's message."""
     from tkg_assets.instance import run_in_process, run_tags
 
-    return _failure(run_in_process(defs, "refresh_graph", instance, run_config=_QUIET, tags=run_tags()), "refresh_graph")
+    result = run_in_process(defs, "refresh_graph", instance, run_config=_QUIET, tags=run_tags())
+    if report is not None:
+        report.steps = {stats.step_key: round(stats.end_time - stats.start_time, 3)
+                        for stats in instance.get_run_step_stats(result.run_id) if stats.end_time and stats.start_time}
+    return _failure(result, "refresh_graph")
 
 
 def _failure(result, job_name: str) -> str | None:
@@ -513,9 +568,10 @@ class OutputFormat(str, Enum):
 @app.command()
 @command
 def sql(
-    query: Annotated[Optional[str], typer.Argument(metavar="[QUERY]", help="SQL to run; omit for an interactive prompt")] = None,
+    query: Annotated[Optional[str], typer.Argument(metavar="QUERY", help="SQL to run; omit for an interactive prompt")] = None,
     home: HOME_OPTION = None,
-    output: Annotated[OutputFormat, typer.Option("--format", help="table (for reading), or every row as csv or json (for scripts)")] = OutputFormat.table,
+    output: Annotated[OutputFormat, typer.Option("--format", metavar="FORMAT",
+                                                 help="table (for reading), or every row as csv or json (for scripts)")] = OutputFormat.table,
     max_rows: Annotated[int, typer.Option("--max-rows", metavar="N", min=0, help="Rows a table shows (0: all)")] = 40,
 ) -> None:
     """Query tkg.duckdb read-only. Never blocks the pipeline, and writes nothing on disk."""
