@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +70,18 @@ def llm(provider):
     return {"OPENAI_BASE_URL": provider.base_url, "TKG_LLM_ATTEMPTS": "2", "_unset": ("TKG_EMBEDDINGS",)}
 
 
+@pytest.fixture(scope="module")
+def llm_built(provider, tmp_path_factory):
+    """QNTX's first two calls built over the LLM path once: (home, requests it took, facts)."""
+    provider.reset_stats()
+    provider.clear_faults()
+    home = tmp_path_factory.mktemp("llm_built")
+    environment = {"OPENAI_BASE_URL": provider.base_url, "TKG_LLM_ATTEMPTS": "2", "_unset": ("TKG_EMBEDDINGS",)}
+    built = tkg(home, "build", *QNTX_FIRST_HALF, env=environment)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return home, provider.stats().total_requests, facts_digest(home)
+
+
 def write_source(path: Path, lines: list[bytes]) -> Path:
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
@@ -82,10 +95,9 @@ def sample_lines(company: str | None = None) -> list[bytes]:
 # --- a partition never gets worse silently ----------------------------------------------------
 
 
-def test_provider_down_keeps_the_last_good_graph(tmp_path, provider, llm):
+def test_provider_down_keeps_the_last_good_graph(tmp_path, provider, llm, llm_built):
     home = tmp_path / "home"
-    first = tkg(home, "build", *QNTX_FIRST_HALF, env=llm)
-    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(llm_built[0], home)
     good, stamps = facts_digest(home), parquet_stamps(home)
 
     # a new statements model forces uncached work while the provider answers only 500s
@@ -106,11 +118,8 @@ def test_provider_down_keeps_the_last_good_graph(tmp_path, provider, llm):
     assert facts_digest(home)[0] == good[0]
 
 
-def test_malformed_answers_fail_then_a_rerun_asks_only_for_what_is_missing(tmp_path, provider, llm):
-    clean_home = tmp_path / "clean"
-    assert tkg(clean_home, "build", *QNTX_FIRST_HALF, env=llm).returncode == 0
-    cold_requests = provider.stats().total_requests
-    expected = facts_digest(clean_home)
+def test_malformed_answers_fail_then_a_rerun_asks_only_for_what_is_missing(tmp_path, provider, llm, llm_built):
+    _, cold_requests, expected = llm_built
 
     home = tmp_path / "home"
     provider.reset_stats()
@@ -144,34 +153,32 @@ def test_a_partial_result_is_asked_for_and_says_what_is_missing(tmp_path, provid
     assert "incomplete" not in again.stderr and facts_digest(home)[0] >= published[0]
 
 
-def test_an_unparseable_row_keeps_the_partition_built_from_it(tmp_path):
+def test_an_unparseable_row_keeps_the_partition_built_from_it(tmp_path, sample_home):
     home = tmp_path / "home"
-    source = write_source(tmp_path / "calls.jsonl", sample_lines("HLIO"))
-    assert tkg(home, "build", "--source", str(source)).returncode == 0
+    shutil.copytree(sample_home, home)
     good, stamps = facts_digest(home), parquet_stamps(home)
 
-    lines = sample_lines("HLIO")
+    lines = sample_lines()
     broken = json.loads(lines[2])
     broken["transcript"] = "Helio Robotics call, text lost in an export"
     lines[2] = json.dumps(broken).encode()
-    write_source(source, lines)
+    source = write_source(tmp_path / "calls.jsonl", lines)
     result = tkg(home, "build", "--source", str(source))
     assert result.returncode == 1, result.stderr[-3000:]
     assert "calls.jsonl line 3" in result.stderr and "section rulers" in result.stderr
     assert facts_digest(home) == good and parquet_stamps(home) == stamps
 
 
-def test_the_same_call_twice_is_built_once(tmp_path):
-    once, twice = tmp_path / "once", tmp_path / "twice"
-    lines = sample_lines("HLIO")
-    assert tkg(once, "build", "--source", str(write_source(tmp_path / "once.jsonl", lines))).returncode == 0
+def test_the_same_call_twice_is_built_once(tmp_path, sample_home):
+    twice = tmp_path / "twice"
+    lines = sample_lines()
     result = tkg(twice, "build", "--source", str(write_source(tmp_path / "twice.jsonl", lines + lines[1:2])))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "twice.jsonl line 5 repeats twice.jsonl line 2" in result.stderr
-    assert facts_digest(twice) == facts_digest(once)
+    assert "twice.jsonl line 9 repeats twice.jsonl line 2" in result.stderr
+    assert facts_digest(twice) == facts_digest(sample_home)
     with duckdb.connect(str(twice / "tkg.duckdb"), read_only=True) as connection:
         ids = connection.execute("SELECT transcript_id FROM transcripts").fetchall()
-    assert len(ids) == len(set(ids)) == 4
+    assert len(ids) == len(set(ids)) == 8
 
 
 def test_bad_rows_are_skipped_and_named_and_the_rest_is_built(tmp_path):

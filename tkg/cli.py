@@ -52,11 +52,7 @@ state = _State()
 @app.callback()
 def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False) -> None:
     import logging
-    import signal
-
     state.debug = debug
-    if hasattr(signal, "SIGPIPE"):  # `tkg sql ... | head` ends quietly, as Unix tools do
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # Per-item warnings (a dropped chunk, a retry) are summed up per partition; --debug shows them.
     logging.getLogger("tkg").setLevel(logging.DEBUG if debug else logging.ERROR)
 
@@ -73,6 +69,9 @@ def command(function: Callable) -> Callable:
             return function(*args, **kwargs)
         except typer.Exit:
             raise
+        except BrokenPipeError:  # `tkg sql ... | head` stopped reading: end quietly, as Unix tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
         except KeyboardInterrupt:
             console.print("[red]interrupted: nothing half-done was published; rerun the command to finish[/]")
             raise typer.Exit(EXIT_INTERRUPTED) from None
