@@ -1,6 +1,6 @@
--- description: One row per triplet joined to its event and canonical entities: the table to query. subject and object hold canonical names. Facts retention archived are in facts_archive instead.
+-- description: One row per triplet joined to its event and canonical entities: the table to query (a table, not a view, so as-of queries do not redo the joins). subject and object hold canonical names. Facts retention archived are in facts_archive instead.
 -- depends_on: events, triplets, transcripts
-CREATE OR REPLACE VIEW facts AS
+CREATE OR REPLACE TABLE facts AS
 SELECT e.company, tr.fiscal_quarter, tr.call_date, t.subject, t.subject_id, t.predicate, t.object, t.object_id, t.value,
        e.statement, e.statement_type, e.temporal_type, e.valid_at, e.invalid_at, e.created_at, e.expired_at,
        e.invalidated_by, e.asserted_invalid_at, e.chunk_id, e.event_id, t.triplet_id, e.transcript_id, r.relevance
@@ -8,4 +8,5 @@ FROM triplets AS t
 JOIN events AS e ON e.event_id = t.event_id
 JOIN transcripts AS tr ON tr.transcript_id = e.transcript_id
 LEFT JOIN raw.fact_relevance AS r ON r.event_id = e.event_id
-WHERE r.archive_reason IS NULL;
+WHERE r.archive_reason IS NULL
+ORDER BY e.company, e.valid_at, t.triplet_id;

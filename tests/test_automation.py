@@ -64,3 +64,22 @@ def test_schedule_requests_only_what_is_stale(tmp_path):
     # a new triplet prompt: every partition again, but only triplets and what reads them
     changed = requests({**components.code_versions, "triplets": "another-prompt"})
     assert changed[str(partition_key(*built[0]))] == ["entities", "triplets"]
+
+
+def test_invalidation_is_never_requested_before_canonical_entities_exists():
+    """Issue 17: after a first backfill, automation requested invalidated_events on its own while
+    canonical_entities (held back) had never been materialised, and that run failed."""
+    key = str(partition_key("HLIO", date(2024, 7, 1)))
+    without_resolution = dg.AssetSelection.groups("resolution", "retention", "warehouse", "sql_models") - \
+        dg.AssetSelection.assets("canonical_entities")
+    with dg.instance_for_test() as instance:
+        for asset in PARTITION_STEPS:
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=asset, partition=key))
+        # canonical_entities cannot be requested (as when its inputs are still in progress)
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, asset_selection=without_resolution)
+        requested = _requested(result)
+        assert "invalidated_events" not in requested and "warehouse" not in requested, requested
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset_key="canonical_entities"))
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, asset_selection=without_resolution,
+                                                   cursor=result.cursor)
+        assert "invalidated_events" in _requested(result)

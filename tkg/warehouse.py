@@ -71,8 +71,14 @@ class SqlModel:
         return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
 
     @property
+    def kind(self) -> str:
+        """What the model creates: VIEW, TABLE or MACRO."""
+        found = re.search(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(VIEW|TABLE|MACRO)\b", self.sql, re.IGNORECASE)
+        return found[1].upper() if found else "VIEW"
+
+    @property
     def is_macro(self) -> bool:
-        return bool(re.search(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?MACRO\b", self.sql, re.IGNORECASE))
+        return self.kind == "MACRO"
 
 
 def load_models(directory: Path | None = None) -> list[SqlModel]:
@@ -149,6 +155,12 @@ def model(name: str) -> SqlModel:
 
 
 def apply_model(connection: duckdb.DuckDBPyConnection, sql_model: SqlModel, record: bool = True) -> None:
+    if sql_model.kind != "MACRO":  # a model that became a table (or a view) replaces what it was
+        existing = connection.execute(
+            "SELECT table_type FROM information_schema.tables WHERE table_schema = 'main' AND table_name = ?",
+            [sql_model.name]).fetchone()
+        if existing and existing[0] != ("BASE TABLE" if sql_model.kind == "TABLE" else "VIEW"):
+            connection.execute(f'DROP {"VIEW" if existing[0] == "VIEW" else "TABLE"} main."{sql_model.name}"')
     connection.execute(sql_model.sql)
     if record:
         connection.execute(

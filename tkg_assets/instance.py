@@ -51,6 +51,9 @@ def open_instance(dagster_home: Path) -> dg.DagsterInstance:
         instance.get_runs(limit=1)
         instance.get_latest_materialization_event(dg.AssetKey("transcripts"))
         instance.all_instigator_state()
+        # One writer of tkg.duckdb at a time (other pools get the configured default, one per core).
+        if DUCKDB_POOL not in instance.event_log_storage.get_concurrency_keys():
+            instance.event_log_storage.set_concurrency_slots(DUCKDB_POOL, 1)
     return instance
 
 
@@ -84,6 +87,7 @@ def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
 
 
 LOCATION_NAME = "tkg"  # the code location workspace.yaml names
+DUCKDB_POOL = "tkg_duckdb_write"
 
 
 def run_in_process(defs: dg.Definitions, job_name: str, instance: dg.DagsterInstance, run_config: dict,

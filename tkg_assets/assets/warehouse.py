@@ -10,8 +10,8 @@ from tkg.state import warehouse_code_version
 from tkg.warehouse import SqlModel, applied_sha256s, describe_models, load_models, reapply_model
 from tkg_assets.assets.common import OWNERS, column_schema
 from tkg_assets.automation import SQL_MODEL_AUTOMATION, WAREHOUSE_AUTOMATION
+from tkg_assets.instance import DUCKDB_POOL
 
-DUCKDB_POOL = "tkg_duckdb_write"
 PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "entities",
                    "canonical_entities", "invalidated_events", "fact_relevance")
 
@@ -97,7 +97,7 @@ def sql_models(context: dg.AssetExecutionContext, storage: TkgStorage):
     descriptions = describe_models(target, selected)
     for model in selected:
         key, description = dg.AssetKey(["sql", model.name]), descriptions[model.name]
-        metadata: dict[str, object] = {"kind": "macro" if model.is_macro else "view"}
+        metadata: dict[str, object] = {"kind": model.kind.lower()}
         if description.row_count is not None:
             metadata["dagster/row_count"] = description.row_count
         if description.columns:
