@@ -106,9 +106,10 @@ def run_fact_relevance(store: ParquetStore, settings: RetentionSettings | None =
     return result
 
 
-def run_warehouse(store: ParquetStore, target: Path, check: Callable | None = None) -> PublishResult:
+def run_warehouse(store: ParquetStore, target: Path, check: Callable | None = None, embedder: str | None = None) -> PublishResult:
     """Publish tkg.duckdb from the Parquet tree, once every partition is whole and the global
-    steps cover them; `check` guards the new file before it replaces the old one."""
+    steps cover them; `check` guards the new file before it replaces the old one. `embedder`
+    names the model the statement vectors come from (recorded in raw.build_info)."""
     versions = consistent_versions(store)
     stamps = global_stamps(store)
     reasons = stale_globals(versions, stamps)
@@ -119,7 +120,7 @@ def run_warehouse(store: ParquetStore, target: Path, check: Callable | None = No
     for lacking in partial_partitions(store).values():
         missing.update(lacking)
     stamp = Stamp("warehouse", warehouse_code_version(), warehouse_inputs(versions, stamps), dict(missing))
-    return publish(store, target, stamp=stamp, check=check)
+    return publish(store, target, stamp=stamp, check=check, info={"embedder": embedder} if embedder else None)
 
 
 # --- without Dagster -------------------------------------------------------------------------
@@ -194,15 +195,15 @@ def build_graph(store: ParquetStore, source: LoadedSource, partitions: list[Part
     for results in outcomes:
         for stage, result in results.items():
             report.counts[f"{stage}_rows"] += result.table.num_rows
-    return finish_graph(store, judge, warehouse, report)
+    return finish_graph(store, judge, warehouse, report, embedder=getattr(components.embedder, "name", None))
 
 
 def finish_graph(store: ParquetStore, judge: Judge, warehouse: Path | None, report: BuildReport,
-                 allow_partial: bool = False) -> BuildReport:
+                 allow_partial: bool = False, embedder: str | None = None) -> BuildReport:
     """The global stages: resolution, invalidation and (optionally) the warehouse."""
     report.counts.update(run_canonical_entities(store).counts)
     report.counts.update(run_invalidation(store, judge, allow_partial).counts)
     report.counts.update(run_fact_relevance(store).counts)
     if warehouse is not None:
-        report.publish = run_warehouse(store, warehouse)
+        report.publish = run_warehouse(store, warehouse, embedder=embedder)
     return report

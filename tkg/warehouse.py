@@ -202,8 +202,11 @@ def published_stamp(target: Path) -> Stamp | None:
 
 
 def publish(store: ParquetStore, target: Path, models: list[SqlModel] | None = None, stamp: Stamp | None = None,
-            check: Callable[[duckdb.DuckDBPyConnection], None] | None = None) -> PublishResult:
+            check: Callable[[duckdb.DuckDBPyConnection], None] | None = None, info: dict[str, str] | None = None) -> PublishResult:
     """Build a fresh warehouse file from the Parquet tree and swap it onto `target`.
+
+    `info` adds rows to `raw.build_info` (e.g. `embedder`: what the statement vectors are, so a
+    query embeds questions in the same space).
 
     `check` runs on the finished file before the swap; if it raises, the file is discarded and
     `target` keeps its last good contents."""
@@ -218,6 +221,8 @@ def publish(store: ParquetStore, target: Path, models: list[SqlModel] | None = N
             connection.execute("CREATE TABLE raw.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
             if stamp is not None:
                 connection.execute("INSERT INTO raw.build_info VALUES ('stamp', ?)", [stamp.to_json()])
+            for key, value in (info or {}).items():
+                connection.execute("INSERT INTO raw.build_info VALUES (?, ?)", [key, value])
             connection.execute("CREATE TABLE raw.sql_models (name VARCHAR PRIMARY KEY, sql_sha256 VARCHAR, description VARCHAR)")
             for raw in RAW_TABLES:
                 result.raw_rows[raw.name] = _load_raw(connection, store, raw)

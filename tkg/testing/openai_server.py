@@ -27,6 +27,12 @@ returned text. Prompt caching is simulated per model: ``cached_tokens`` is the
 longest prefix of the rendered prompt, in whole ``cache_block_tokens`` (1024)
 blocks, that an earlier successful request to the same model already sent.
 
+Function calling: a responder may return a :class:`FunctionCall` (or a list of
+them, or a :class:`ModelTurn` with text and calls) to make the "model" call tools
+the request offered; the answer carries ``function_call`` output items (Responses
+API) or ``tool_calls`` (chat completions). The outputs the client sends back are
+read with :func:`tool_outputs`.
+
 The server never reads, logs or stores request headers, so the API key the
 client sends goes nowhere.
 """
@@ -65,6 +71,8 @@ __all__ = [
     "DEFAULT_MODELS",
     "FAULT_KINDS",
     "Fault",
+    "FunctionCall",
+    "ModelTurn",
     "OpenAICompatibleServer",
     "ParsedRequest",
     "ProviderSettings",
@@ -76,6 +84,7 @@ __all__ = [
     "minimal_instance",
     "parse_request",
     "schema_violation_instance",
+    "tool_outputs",
 ]
 
 log = logging.getLogger(__name__)
@@ -137,7 +146,68 @@ class ParsedRequest:
     body: Mapping[str, Any]
 
 
-Responder = Callable[[ParsedRequest], Union[str, Mapping[str, Any], Awaitable[Union[str, Mapping[str, Any]]]]]
+@dataclass(frozen=True)
+class FunctionCall:
+    """A tool call the "model" makes: a function the request offered in ``tools``, with its
+    arguments (a dict, or the JSON text itself). ``call_id`` is generated when not given."""
+
+    name: str
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+    call_id: str | None = None
+
+    def arguments_json(self) -> str:
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    """A whole assistant turn: text (may be empty) and the function calls made with it."""
+
+    text: str = ""
+    function_calls: tuple[FunctionCall, ...] = ()
+
+
+Responder = Callable[[ParsedRequest], Union[str, Mapping[str, Any], FunctionCall, ModelTurn,
+                                            Awaitable[Union[str, Mapping[str, Any], FunctionCall, ModelTurn]]]]
+
+
+def tool_outputs(request: ParsedRequest) -> list[tuple[str, str]]:
+    """``(call_id, output)`` of every tool result the client sent back, in order: the
+    ``function_call_output`` input items (Responses API) or the ``tool`` messages (chat)."""
+    if request.endpoint == "responses":
+        items = request.body.get("input") if isinstance(request.body.get("input"), list) else []
+        return [(str(item.get("call_id")), _content_text(item.get("output"))) for item in items
+                if isinstance(item, dict) and item.get("type") == "function_call_output"]
+    if request.endpoint == "chat.completions":
+        return [(str(message.get("tool_call_id")), _content_text(message.get("content")))
+                for message in request.body.get("messages") or [] if isinstance(message, dict) and message.get("role") == "tool"]
+    return []
+
+
+def _offered_tools(body: Mapping[str, Any]) -> set[str]:
+    """Names of the functions a request offers (both wire shapes)."""
+    names = set()
+    for tool in body.get("tools") or []:
+        if isinstance(tool, dict) and tool.get("type") == "function":
+            names.add(str(tool.get("name") or (tool.get("function") or {}).get("name")))
+    return names
+
+
+def _as_turn(result: Any, body: Mapping[str, Any]) -> ModelTurn | None:
+    """A responder's result as a turn with function calls, or None when it is plain text/JSON."""
+    if isinstance(result, FunctionCall):
+        result = ModelTurn(function_calls=(result,))
+    elif isinstance(result, (list, tuple)) and result and all(isinstance(item, FunctionCall) for item in result):
+        result = ModelTurn(function_calls=tuple(result))
+    if not isinstance(result, ModelTurn):
+        return None
+    offered = _offered_tools(body)
+    calls = []
+    for call in result.function_calls:
+        if call.name not in offered:
+            raise ValueError(f"the responder called {call.name!r}, which the request does not offer (tools: {sorted(offered)})")
+        calls.append(call if call.call_id else dataclasses.replace(call, call_id=_new_id("call_")))
+    return ModelTurn(result.text, tuple(calls))
 
 
 class BadRequest(ValueError):
@@ -898,8 +968,9 @@ class OpenAICompatibleServer:
             stats.cached_tokens += cached
         return input_tokens, output_tokens, cached
 
-    async def _generate_text(self, parsed: ParsedRequest, fault: Fault | None) -> str | JSONResponse:
-        """The assistant text for ``parsed``: the responder's, or a content fault's."""
+    async def _generate_text(self, parsed: ParsedRequest, fault: Fault | None) -> str | ModelTurn | JSONResponse:
+        """The assistant text for ``parsed`` (the responder's, or a content fault's), or the
+        responder's turn when it calls functions."""
         if fault is not None and fault.kind == "garbage":
             self._bump(garbage=1)
             return GARBAGE_TEXT
@@ -912,7 +983,8 @@ class OpenAICompatibleServer:
             result = responder(parsed)
             if inspect.isawaitable(result):
                 result = await result
-            return _response_text(result)
+            turn = _as_turn(result, parsed.body)
+            return turn if turn is not None and turn.function_calls else _response_text(turn.text if turn else result)
         except Exception as exc:  # a broken responder is a test bug: make it loud, and a 500
             log.exception("responder failed for %s request (model %s)", parsed.endpoint, parsed.model)
             self._bump(responder_errors=1, status_500=1)
@@ -934,9 +1006,13 @@ class OpenAICompatibleServer:
             text = await self._generate_text(parsed, fault)
             if isinstance(text, Response):
                 return text
-            usage = self._account(parsed, text, settings)
+            calls: tuple[FunctionCall, ...] = ()
+            if isinstance(text, ModelTurn):
+                text, calls = text.text, text.function_calls
+            generated = "\n".join([text] * bool(text) + [f"{c.name}({c.arguments_json()})" for c in calls])
+            usage = self._account(parsed, generated, settings)
             build = _responses_body if endpoint == "responses" else _chat_body
-            return JSONResponse(build(parsed, text, *usage), headers={"x-request-id": _new_id("req_")})
+            return JSONResponse(build(parsed, text, *usage, calls=calls), headers={"x-request-id": _new_id("req_")})
 
         return await self._serve(request, endpoint, produce)
 
@@ -1050,9 +1126,21 @@ class OpenAICompatibleServer:
 
 
 def _responses_body(parsed: ParsedRequest, text: str, input_tokens: int, output_tokens: int,
-                    cached_tokens: int) -> dict[str, Any]:
-    """A completed Responses API object with one assistant message."""
+                    cached_tokens: int, calls: tuple[FunctionCall, ...] = ()) -> dict[str, Any]:
+    """A completed Responses API object: one assistant message (unless the turn is only
+    function calls), then one ``function_call`` item per call."""
     body, now = parsed.body, int(time.time())
+    output: list[dict[str, Any]] = []
+    if text or not calls:
+        output.append({
+            "id": _new_id("msg_"),
+            "type": "message",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+        })
+    output.extend({"id": _new_id("fc_"), "type": "function_call", "status": "completed", "call_id": call.call_id,
+                   "name": call.name, "arguments": call.arguments_json()} for call in calls)
     return {
         "id": _new_id("resp_"),
         "object": "response",
@@ -1065,13 +1153,7 @@ def _responses_body(parsed: ParsedRequest, text: str, input_tokens: int, output_
         "instructions": body.get("instructions"),
         "max_output_tokens": body.get("max_output_tokens"),
         "model": parsed.model,
-        "output": [{
-            "id": _new_id("msg_"),
-            "type": "message",
-            "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
-        }],
+        "output": output,
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "previous_response_id": body.get("previous_response_id"),
         "reasoning": {"effort": None, "summary": None},
@@ -1096,8 +1178,13 @@ def _responses_body(parsed: ParsedRequest, text: str, input_tokens: int, output_
 
 
 def _chat_body(parsed: ParsedRequest, text: str, input_tokens: int, output_tokens: int,
-               cached_tokens: int) -> dict[str, Any]:
-    """A ``chat.completion`` object with one choice."""
+               cached_tokens: int, calls: tuple[FunctionCall, ...] = ()) -> dict[str, Any]:
+    """A ``chat.completion`` object with one choice (with ``tool_calls`` when the turn calls functions)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
+    if calls:
+        message["content"] = text or None
+        message["tool_calls"] = [{"id": call.call_id, "type": "function",
+                                  "function": {"name": call.name, "arguments": call.arguments_json()}} for call in calls]
     return {
         "id": _new_id("chatcmpl-"),
         "object": "chat.completion",
@@ -1105,9 +1192,9 @@ def _chat_body(parsed: ParsedRequest, text: str, input_tokens: int, output_token
         "model": parsed.model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None, "annotations": []},
+            "message": message,
             "logprobs": None,
-            "finish_reason": "stop",
+            "finish_reason": "tool_calls" if calls else "stop",
         }],
         "usage": {
             "prompt_tokens": input_tokens,
@@ -1164,4 +1251,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run the imported module's main, not this `__main__` copy: responders loaded with
+    # --responder import tkg.testing.openai_server, and its classes (FunctionCall, ModelTurn)
+    # must be the ones the server checks against.
+    from tkg.testing.openai_server import main as _main
+
+    _main()

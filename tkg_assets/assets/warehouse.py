@@ -1,9 +1,13 @@
 """The published DuckDB file and its SQL models (dbt-style: one asset per sql/*.sql file)."""
 
 
-import dagster as dg
+import base64
+from pathlib import Path
 
-from resources.tkg import TkgStorage
+import dagster as dg
+import duckdb
+
+from resources.tkg import ExtractionBackend, TkgStorage
 from tkg.build import run_warehouse
 from tkg.checks import CHECKS, CheckResult, WarehouseCheckFailed, guard
 from tkg.state import warehouse_code_version
@@ -34,7 +38,7 @@ def _check_result(result: CheckResult) -> dg.AssetCheckResult:
     check_specs=[dg.AssetCheckSpec(check.name, asset="warehouse", description=check.description, blocking=check.blocking)
                  for check in CHECKS],
 )
-def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.MaterializeResult:
+def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage, extraction: ExtractionBackend) -> dg.MaterializeResult:
     """Publishes tkg.duckdb: a fresh file holding the Parquet tables (schema `raw`) and every
     SQL model, swapped into place atomically, so readers never block the pipeline and always
     see a consistent snapshot. Query it with `duckdb -readonly` or `tkg sql`. The checks run on
@@ -42,7 +46,8 @@ def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.Mate
     last good one stays."""
     results: list[CheckResult] = []
     try:
-        published = run_warehouse(storage.store, storage.warehouse_path, check=guard(results))
+        published = run_warehouse(storage.store, storage.warehouse_path, check=guard(results),
+                                  embedder=extraction.plain().embedder_name())
     except WarehouseCheckFailed as failure:
         for result in failure.results:
             evaluation = _check_result(result)
@@ -50,10 +55,30 @@ def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage) -> dg.Mate
                                                       passed=result.passed, severity=evaluation.severity,
                                                       metadata=evaluation.metadata))
         raise dg.Failure(description=str(failure)) from None
+    metadata = {"path": dg.MetadataValue.path(str(published.path)), "size_bytes": published.size_bytes,
+                "raw_rows": dg.MetadataValue.json(published.raw_rows), "models": ", ".join(published.models)}
+    growth = _growth_markdown(context, published.path)
+    if growth is not None:
+        metadata["growth"] = growth
     return dg.MaterializeResult(
         data_version=dg.DataVersion(published.stamp.version), check_results=[_check_result(r) for r in results],
-        metadata={"path": dg.MetadataValue.path(str(published.path)), "size_bytes": published.size_bytes,
-                  "raw_rows": dg.MetadataValue.json(published.raw_rows), "models": ", ".join(published.models)})
+        metadata=metadata)
+
+
+def _growth_markdown(context: dg.AssetExecutionContext, path: Path) -> dg.MarkdownMetadataValue | None:
+    """A small chart of facts and retirements per quarter from the published file, inlined as a
+    data URI in markdown; None (with a warning) when it cannot be drawn: a picture never fails
+    the publish."""
+    try:
+        from tkg.pictures import growth_chart
+
+        with duckdb.connect(str(path), read_only=True) as connection:
+            png = growth_chart(connection, dpi=80)
+    except Exception as error:  # noqa: BLE001 - any failure to draw only costs the chart
+        context.log.warning(f"no growth chart in the metadata: {type(error).__name__}: {error}")
+        return None
+    encoded = base64.b64encode(png).decode("ascii")
+    return dg.MetadataValue.md(f"![facts and retirements per quarter](data:image/png;base64,{encoded})")
 
 
 def _model_spec(model: SqlModel) -> dg.AssetSpec:
