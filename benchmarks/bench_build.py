@@ -65,7 +65,8 @@ def main() -> None:
     pq.write_table(without, cold_source)
     added = f"{table['company'][newest].as_py()} {table['date'][newest].as_py()}"
     results: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "corpus_calls": table.num_rows,
-                     "new_call": added, "cold": [], "noop": [], "one_new_call": None, "baseline": None}
+                     "new_call": added, "cold": [], "noop": [], "one_new_call": None, "baseline": None,
+               "load_average_before": os.getloadavg()}
 
     for run in range(args.runs):
         home = work / f"cold{run}"
@@ -96,6 +97,7 @@ def main() -> None:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
 
+    results["load_average_after"] = os.getloadavg()
     cold = statistics.median(entry["seconds"] for entry in results["cold"])
     noop = statistics.median(results["noop"])
     middle = sorted(results["cold"], key=lambda entry: entry["seconds"])[len(results["cold"]) // 2]["record"]

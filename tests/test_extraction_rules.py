@@ -152,3 +152,17 @@ def test_dangling_triplets_are_dropped_and_counted():
     stats = StageStats()
     assert drop_dangling_triplets(extraction, stats).triplets == []
     assert stats.dropped["triplet_entity_index_out_of_range"] == 1
+
+
+@pytest.mark.parametrize("spoken, written", [
+    ("We're very excited about the new robot line.", "Helio is very excited about the new robot line."),
+    ("We’ve shipped 400 units this quarter.", "Helio has shipped 400 units this quarter."),
+    ("We'll open a plant in Ohio next year.", "Helio will open a plant in Ohio next year."),
+    ("We have a strong balance sheet.", "Helio has a strong balance sheet."),
+    ("Our margins improved.", "Helio's margins improved."),
+])
+def test_statements_keep_the_speakers_words(spoken, written):
+    """Issue 13: 'We're' became "Apple're" in 2,027 statements of the real corpus."""
+    from tkg.extraction.offline import _resolve_coreference
+
+    assert _resolve_coreference(spoken, HLIO) == written

@@ -213,7 +213,7 @@ def test_ask_offline_on_the_sample(sample):
     assert [call.tool for call in after.tool_calls][:1] == ["factual_qa"] and after.plan
 
 
-def test_tkg_ask_facts_and_timeline_commands(sample_home, tmp_path):
+def test_tkg_ask_facts_and_timeline_commands(sample, sample_home, tmp_path):
     asked = run_tkg(sample_home, "ask", "--json", "Who was the CEO of Quantaris in November 2024?")
     assert asked.returncode == 0, asked.stderr[-2000:]
     document = json.loads(asked.stdout)
@@ -235,6 +235,13 @@ def test_tkg_ask_facts_and_timeline_commands(sample_home, tmp_path):
     history = run_tkg(sample_home, "timeline", "Thomas Becker", "--json")
     entries = json.loads(history.stdout)["entries"]
     assert any(e["value"] == "CEO" and e["ended_at"] and "Elena Vasquez" in e["retired_by_statement"] for e in entries)
+    drawn = run_tkg(sample_home, "timeline", "Dana Whitfield", "--png", str(tmp_path / "dana.png"))
+    assert drawn.returncode == 0 and (tmp_path / "dana.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"({len(sample.timeline('Dana Whitfield')[1])} bar(s))" in drawn.stderr
+    around = run_tkg(sample_home, "export", "--png", str(tmp_path / "helio.png"), "--around", "Helio", "--as-of", "2024-06-30")
+    assert around.returncode == 0 and (tmp_path / "helio.png").stat().st_size > 0, around.stderr[-2000:]
+    nothing = run_tkg(sample_home, "export")
+    assert nothing.returncode == 2 and "--graphml FILE" in nothing.stderr
     missing = run_tkg(tmp_path / "empty", "ask", "anything")
     assert missing.returncode == 2 and "run `tkg build` first" in missing.stderr
 

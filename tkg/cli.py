@@ -788,7 +788,10 @@ def timeline(
     if png is not None:
         from tkg.pictures import timeline_png
 
-        bars = timeline_png(match, entries, png)
+        try:
+            bars = timeline_png(match, entries, png)
+        except ValueError as error:  # nothing to draw
+            raise UsageError(str(error)) from None
         console.print(f"wrote {png} ({bars} bar(s))")
     if as_json:
         _print_json({"entity": match.__dict__, "entries": [entry.as_dict() for entry in entries]})
@@ -811,18 +814,34 @@ def timeline(
 @app.command()
 @command
 def export(
-    graphml: Annotated[Path, typer.Option("--graphml", metavar="FILE", help="Write the graph as GraphML (Gephi, yEd, networkx)")],
+    graphml: Annotated[Optional[Path], typer.Option("--graphml", metavar="FILE",
+                                                    help="Write the whole graph as GraphML (Gephi, yEd, networkx)")] = None,
+    png: Annotated[Optional[Path], typer.Option("--png", metavar="FILE", help="Draw the entities around --around to a PNG")] = None,
+    around: Annotated[Optional[str], typer.Option("--around", metavar="ENTITY", help="The entity at the centre of --png")] = None,
     as_of: Annotated[Optional[str], typer.Option("--as-of", metavar="DATE", help="Only the facts valid on this date")] = None,
     home: HOME_OPTION = None,
 ) -> None:
-    """Export the graph: canonical entities as nodes, facts as edges with their validity."""
-    from tkg.pictures import export_graphml
+    """Export the graph (canonical entities as nodes, facts as edges with their validity) as
+    GraphML, or draw the neighbourhood of one entity."""
+    from tkg.pictures import export_graphml, subgraph_png
     from tkg.query import utc
 
+    if graphml is None and png is None:
+        raise UsageError("say what to write: --graphml FILE, or --png FILE --around ENTITY")
+    if (png is None) != (around is None):
+        raise UsageError("--png and --around go together: --png FILE --around ENTITY")
+    moment = utc(as_of, end_of_day=True) if as_of else None
+    valid = f" valid on {as_of}" if as_of else ""
     with _graph(home) as graph:
-        nodes, edges = export_graphml(graph, graphml, as_of=utc(as_of, end_of_day=True) if as_of else None)
-    console.print(f"wrote {graphml}: {nodes} node(s), {edges} edge(s)" + (f" valid on {as_of}" if as_of else ""))
-
+        if graphml is not None:
+            nodes, edges = export_graphml(graph, graphml, as_of=moment)
+            console.print(f"wrote {graphml}: {nodes} node(s), {edges} edge(s){valid}")
+        if png is not None:
+            try:
+                nodes, edges = subgraph_png(graph, around, png, as_of=moment)
+            except ValueError as error:  # nothing around it (at that date)
+                raise UsageError(str(error)) from None
+            console.print(f"wrote {png}: {nodes} entities around {around}, {edges} edge(s){valid}")
 
 if __name__ == "__main__":
     sys.exit(app())

@@ -34,7 +34,7 @@ from tkg.names import company_for_name
 from tkg.parsing import parse_participant_sections
 from tkg.roles import ROLE_START, parse_offices
 
-RULES_VERSION = "offline-rules-2"
+RULES_VERSION = "offline-rules-3"
 
 _SKIP = re.compile(
     r"^(?:thank|thanks|good (?:morning|afternoon|evening|day)|hi\b|hello|okay|ok\b|yes\b|no\b|sure\b|great\.|"
@@ -140,13 +140,16 @@ def _clean(sentence: str) -> str:
 
 
 _THIRD_PERSON = {"are": "is", "were": "was", "have": "has"}
+# "We're" must not become "Apple're": a contraction is spelled out for the company.
+_CONTRACTED = {"re": "is", "ve": "has", "ll": "will", "d": "would"}
 
 
 def _resolve_coreference(sentence: str, context: DocumentContext) -> str:
     """'We'/'Our'/'Co.' at the start of a sentence are the company (the main entity)."""
     name = context.short_name
+    sentence = re.sub(r"^(?:We|we)['’](re|ve|ll|d)\b", lambda m: f"{name} {_CONTRACTED[m[1]]}", sentence)
     sentence = re.sub(r"^(?:We|we) (are|were|have)\b", lambda m: f"{name} {_THIRD_PERSON[m[1]]}", sentence)
-    sentence = re.sub(r"^(?:We|we)\b", name, sentence)
+    sentence = re.sub(r"^(?:We|we)\b(?!['’])", name, sentence)
     sentence = re.sub(r"^(?:Our|our)\b", f"{name}'s", sentence)
     sentence = re.sub(r"\bCo\.(?=\s|'s)", name, sentence)
     return sentence
