@@ -166,3 +166,37 @@ def test_statements_keep_the_speakers_words(spoken, written):
     from tkg.extraction.offline import _resolve_coreference
 
     assert _resolve_coreference(spoken, HLIO) == written
+
+
+def test_the_predicate_vocabulary_agrees_with_itself():
+    """Issue 13: the enum, the definitions and the contradiction groups describe one vocabulary."""
+    from tkg.models import PREDICATE_DEFINITIONS, PREDICATE_GROUP_OF, PREDICATE_GROUPS, Predicate
+
+    assert set(PREDICATE_DEFINITIONS) == set(Predicate) and all(d.strip() for d in PREDICATE_DEFINITIONS.values())
+    grouped = [p for group in PREDICATE_GROUPS for p in group]
+    assert len(grouped) == len(set(grouped)) == len(Predicate)  # each predicate in exactly one group
+    assert set(PREDICATE_GROUP_OF) == set(Predicate)
+
+
+def test_editing_the_vocabulary_changes_code_versions_and_cache_keys(monkeypatch):
+    """A new definition marks triplets and invalidation stale and never reuses an old answer;
+    the stages it does not shape keep their versions (and their paid-for answers)."""
+    from tkg import models
+    from tkg.backend import Backend
+    from tkg.llm.settings import settings_from_env
+    from tkg.models import Predicate
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    before = {"offline": (Backend(backend="offline").code_versions(), Backend(backend="offline").judge_code_version()),
+              "llm": (Backend().code_versions(), Backend().judge_code_version())}
+    fingerprints = {stage: settings_from_env().fingerprint(stage) for stage in ("statements", "triplets", "judge")}
+    edited = {**models.PREDICATE_DEFINITIONS, Predicate.SELLS: "The subject offers the object for sale to customers."}
+    monkeypatch.setattr(models, "PREDICATE_DEFINITIONS", edited)
+    for name, backend in (("offline", Backend(backend="offline")), ("llm", Backend())):
+        versions, judge = backend.code_versions(), backend.judge_code_version()
+        assert versions["triplets"] != before[name][0]["triplets"] and judge != before[name][1]
+        assert {k: v for k, v in versions.items() if k != "triplets"} == {
+            k: v for k, v in before[name][0].items() if k != "triplets"}
+    after = {stage: settings_from_env().fingerprint(stage) for stage in fingerprints}
+    assert after["statements"] == fingerprints["statements"]
+    assert after["triplets"] != fingerprints["triplets"] and after["judge"] != fingerprints["judge"]

@@ -127,7 +127,7 @@ class Backend:
 
     def judge_code_version(self) -> str:
         if self.resolved_backend() == "offline":
-            return judge_code_version(RuleJudge.name)
+            return judge_code_version(RuleJudge.name, RuleJudge().settings_fingerprint("judge"))
         return judge_code_version(f"llm:{self.llm_settings().model('judge')}", self._fingerprint()("judge"))
 
     def as_fields(self) -> dict[str, object]:

@@ -110,6 +110,12 @@ class RuleJudge:
 
     name = "rules:functional-v1"
 
+    def settings_fingerprint(self, stage: str) -> str:
+        """Besides the rules, the predicate groups decide which facts may contradict."""
+        from tkg.models import vocabulary_fingerprint
+
+        return vocabulary_fingerprint()
+
     def judge(self, cases: Sequence[JudgeCase]) -> list[list[Verdict]]:
         return [[self._verdict(case.primary, candidate) for candidate in case.candidates] for case in cases]
 

@@ -81,6 +81,21 @@ PREDICATE_GROUPS: tuple[tuple[Predicate, ...], ...] = (
     (Predicate.HAS_REVENUE, Predicate.INCREASED, Predicate.DECREASED, Predicate.RESULTED_IN, Predicate.TARGETS),
 )
 PREDICATE_GROUP_OF: dict[Predicate, int] = {p: i + 1 for i, group in enumerate(PREDICATE_GROUPS) for p in group}
+# Stages whose output the vocabulary shapes: triplet extraction (names and definitions are in
+# its prompt and rules) and invalidation (the groups decide which facts may contradict).
+VOCABULARY_STAGES = frozenset({"triplets", "judge"})
+
+
+def vocabulary_fingerprint() -> str:
+    """A hash of the predicate vocabulary: names, definitions and groups. It is part of the code
+    version and the LLM cache key of the stages it shapes, so editing a definition marks them
+    stale and never reuses an answer given under the old wording."""
+    import hashlib
+    import json
+
+    text = json.dumps({"definitions": {p.value: PREDICATE_DEFINITIONS.get(p) for p in Predicate},
+                       "groups": [[p.value for p in group] for group in PREDICATE_GROUPS]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class EntityType(StrEnum):

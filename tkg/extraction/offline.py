@@ -19,6 +19,7 @@ from typing import Sequence
 from tkg.extraction.base import DocumentContext, StageStats, split_sentences
 from tkg.extraction.periods import PeriodResolver, find_date
 from tkg.models import (
+    VOCABULARY_STAGES,
     Chunk,
     EntityType,
     Predicate,
@@ -29,6 +30,7 @@ from tkg.models import (
     StatementType,
     TemporalType,
     TemporalValidityRange,
+    vocabulary_fingerprint,
 )
 from tkg.names import company_for_name
 from tkg.parsing import parse_participant_sections
@@ -194,7 +196,8 @@ class OfflineExtractor:
         self._stats: dict[str, StageStats] = {}
 
     def settings_fingerprint(self, stage: str) -> str:
-        return hashlib.sha256(f"{RULES_VERSION}:{stage}".encode()).hexdigest()[:16]
+        vocabulary = vocabulary_fingerprint() if stage in VOCABULARY_STAGES else ""
+        return hashlib.sha256(f"{RULES_VERSION}:{stage}:{vocabulary}".encode()).hexdigest()[:16]
 
     def stats(self, stage: str) -> StageStats:
         return self._stats.setdefault(stage, StageStats())

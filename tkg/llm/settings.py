@@ -8,6 +8,8 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 
+from tkg.models import VOCABULARY_STAGES, vocabulary_fingerprint
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODELS = {
@@ -57,6 +59,8 @@ class LLMSettings:
                     "temperature": self.temperature, "api_mode": self.api_mode}
         if stage == "embeddings":
             relevant["dimensions"] = self.embedding_dimensions
+        if stage in VOCABULARY_STAGES:
+            relevant["vocabulary"] = vocabulary_fingerprint()
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
     def cost_usd(self, model: str, input_tokens: int, cached_tokens: int, output_tokens: int) -> float:
