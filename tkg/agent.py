@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import Any
+from typing import Any, Callable
 
 import duckdb
 from pydantic import BaseModel
@@ -361,24 +361,26 @@ class _Session:
         model = self.settings.model("planner")
         key = cache_key("planner", model, prompt.template_sha256, self.settings.fingerprint("planner"),
                         normalise(f"{prompt.instructions}\x1f{prompt.input}"))
-        if (cached := self.cache.get(key)) is not None:
-            self.stats.cache_hits += 1
-            return list(cached)
-        tasks = self.client.run(self.client.structured("planner", prompt, PlanOut, parse_plan, self.stats))
-        self.cache.put(key, "planner", model, tasks)
-        return tasks
+        return list(self._cached(key, "planner", model,
+                                 lambda: self.client.run(self.client.structured("planner", prompt, PlanOut, parse_plan, self.stats))))
 
     def turn(self, prompt: RenderedPrompt, history: list[Exchange]) -> Turn:
         """The model's next turn: from the cache when this exact input was answered before."""
         full_input = _json({"instructions": prompt.instructions, "input": prompt.input, "tools": TOOLS,
                             "history": [exchange.as_dict() for exchange in history]})
         key = cache_key(STAGE, self.model, prompt.template_sha256, self.settings.fingerprint(STAGE), normalise(full_input))
+        return Turn.from_dict(self._cached(
+            key, STAGE, self.model,
+            lambda: self.client.run(_request_turn(self.client, self.model, prompt, history, self.stats)).as_dict()))
+
+    def _cached(self, key: str, stage: str, model: str, ask: Callable[[], Any]) -> Any:
+        """The cached answer for `key`, or `ask()`'s, stored before it is returned."""
         if (cached := self.cache.get(key)) is not None:
             self.stats.cache_hits += 1
-            return Turn.from_dict(cached)
-        turn = self.client.run(_request_turn(self.client, self.model, prompt, history, self.stats))
-        self.cache.put(key, STAGE, self.model, turn.as_dict())
-        return turn
+            return cached
+        answer = ask()
+        self.cache.put(key, stage, model, answer)
+        return answer
 
 
 # --- citations ------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class Reading:
     """What the offline reader found in a question."""
 
     entities: list[EntityMatch] = field(default_factory=list)
+    company: str | None = None  # the ticker of the first configured company named
     period: Period | None = None
     predicates: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)
@@ -182,10 +183,10 @@ def read_entities(graph: Graph, question: str) -> list[EntityMatch]:
 def read_question(graph: Graph, question: str) -> Reading:
     reading = Reading()
     reading.entities = read_entities(graph, question)
-    company = next((company_for_name(m.name).ticker for m in reading.entities
-                    if m.type == "Organization" and company_for_name(m.name)), None)
+    reading.company = next((found.ticker for m in reading.entities
+                            if m.type == "Organization" and (found := company_for_name(m.name))), None)
     latest = graph.rows("SELECT max(call_date) AS latest FROM transcripts")[0]["latest"]
-    reading.period, reading.notes = read_period(question, company, latest)
+    reading.period, reading.notes = read_period(question, reading.company, latest)
     folded = f" {fold(question)} "
     reading.roles = [role for role, spellings in ROLES.items() if any(f" {s} " in folded for s in (role, *spellings))]
     words = set(folded.split())
@@ -210,8 +211,7 @@ def answer_offline(graph: Graph, question: str, limit: int = 10) -> Answer:
     candidates: dict[str, Fact] = {}
     start = reading.period.start if reading.period else None
     end = reading.period.end if reading.period else None
-    company = next((company_for_name(m.name).ticker for m in reading.entities
-                    if m.type == "Organization" and company_for_name(m.name)), None)
+    company = reading.company
     for entity in reading.entities[:3]:
         for predicate in (reading.predicates[:2] or [None]):
             arguments = {"entity": entity.name, "start": start.isoformat() if start else None,

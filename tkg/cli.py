@@ -649,6 +649,7 @@ def dev(
 
 # --- answers -----------------------------------------------------------------------------------
 
+ENTITY_ARGUMENT = Annotated[str, typer.Argument(metavar="ENTITY", help="A name, alias, ticker or canonical id")]
 JSON_OPTION = Annotated[bool, typer.Option("--json", help="One JSON object on stdout, for scripts")]
 PREDICATE_OPTION = Annotated[Optional[str], typer.Option(
     "--predicate", "-p", metavar="PREDICATE", help="Only this predicate (e.g. HOLDS_ROLE; a near miss is mapped and said)")]
@@ -740,7 +741,7 @@ def ask(
 @app.command()
 @command
 def facts(
-    entity: Annotated[str, typer.Argument(metavar="ENTITY", help="A name, alias, ticker or canonical id")],
+    entity: ENTITY_ARGUMENT,
     predicate: PREDICATE_OPTION = None,
     as_of: Annotated[Optional[str], typer.Option("--as-of", metavar="DATE", help="Facts valid on this date")] = None,
     start: Annotated[Optional[str], typer.Option("--from", metavar="DATE", help="Window start")] = None,
@@ -774,7 +775,7 @@ def facts(
 @app.command()
 @command
 def timeline(
-    entity: Annotated[str, typer.Argument(metavar="ENTITY", help="A name, alias, ticker or canonical id")],
+    entity: ENTITY_ARGUMENT,
     predicate: PREDICATE_OPTION = None,
     png: Annotated[Optional[Path], typer.Option("--png", metavar="FILE", help="Also draw the timeline to this PNG")] = None,
     home: HOME_OPTION = None,

@@ -50,6 +50,11 @@ class AmbiguousEntity(QueryError):
         super().__init__(f"{name!r} could mean several entities: {listed}. Name one of them, or pass its id")
 
 
+def _jsonable(record: Any) -> dict[str, Any]:
+    """A dataclass as a dict with dates as ISO strings, for --json output and the agent."""
+    return {key: (value.isoformat() if isinstance(value, (date, datetime)) else value) for key, value in asdict(record).items()}
+
+
 @dataclass(frozen=True)
 class EntityMatch:
     """One candidate for a name: how it matched ('id', 'name', 'alias', 'person', 'organisation'
@@ -95,8 +100,7 @@ class Fact:
     score: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {key: (value.isoformat() if isinstance(value, (date, datetime)) else value)
-                for key, value in asdict(self).items()}
+        return _jsonable(self)
 
 
 @dataclass
@@ -128,8 +132,7 @@ class TimelineEntry:
     first_statement: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {key: (value.isoformat() if isinstance(value, (date, datetime)) else value)
-                for key, value in asdict(self).items()}
+        return _jsonable(self)
 
 
 @dataclass
@@ -138,10 +141,9 @@ class Trend:
 
     topic: str
     groups: dict[tuple[str, str], list[Fact]] = field(default_factory=dict)
-    summary: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"topic": self.topic, "summary": self.summary,
+        return {"topic": self.topic,
                 "groups": [{"company": company, "quarter": quarter, "facts": [f.as_dict() for f in facts]}
                            for (company, quarter), facts in self.groups.items()]}
 
@@ -203,6 +205,10 @@ def closest_predicate(name: str) -> PredicateChoice:
     return PredicateChoice(asked, pick[2], False, round(float(pick[1]), 1))
 
 
+# Facts about an entity: as subject or object, and for a company the offices held at it
+# ("CFO of Intel Corporation" is an entity of its own). Parameters $id and $name.
+_ABOUT_ENTITY = ("(subject_id = $id OR object_id = $id "
+                 "OR (predicate = 'HOLDS_ROLE' AND regexp_extract(object, '^.* of (.*)$', 1) = $name))")
 _FACT_COLUMNS = ("event_id, company, call_date, subject, predicate, object, value, statement, valid_at, invalid_at, "
                  "invalidated_by, subject_id, object_id")
 
@@ -215,6 +221,7 @@ class Graph:
         self.path = path
         self._aliases: list[tuple[str, str, str, str, int]] | None = None
         self._embedder: Any = None
+        self._vectors: dict[str, list[float]] = {}  # a question is searched and ranked with one vector
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> Graph:
@@ -335,8 +342,7 @@ class Graph:
             SELECT {_FACT_COLUMNS},
                    count(*) OVER (PARTITION BY subject_id, predicate, object_id, value) AS restatements
             FROM facts
-            WHERE (subject_id = $id OR object_id = $id
-                   OR (predicate = 'HOLDS_ROLE' AND regexp_extract(object, '^.* of (.*)$', 1) = $name))
+            WHERE {_ABOUT_ENTITY}
               AND ($predicate IS NULL OR predicate = $predicate)
               AND coalesce(valid_at, call_date::TIMESTAMPTZ) <= $end
               AND (invalid_at IS NULL OR invalid_at > $start)
@@ -357,12 +363,11 @@ class Graph:
 
     def _timeline_rows(self, match: EntityMatch, choice: PredicateChoice | None) -> list[dict[str, Any]]:
         return self.rows(
-            """
+            f"""
             SELECT subject, predicate, object, value, company, began_at, ended_at, last_restated_on, restatements,
                    retired_by, retired_by_statement, first_event_id, first_statement
             FROM fact_history
-            WHERE (subject_id = $id OR object_id = $id
-                   OR (predicate = 'HOLDS_ROLE' AND regexp_extract(object, '^.* of (.*)$', 1) = $name))
+            WHERE {_ABOUT_ENTITY}
               AND ($predicate IS NULL OR predicate = $predicate)
             ORDER BY began_at, predicate, subject, object
             """,
@@ -393,12 +398,15 @@ class Graph:
         return self._embedder
 
     def embed(self, text: str) -> list[float]:
+        if text in self._vectors:
+            return self._vectors[text]
         embedder = self.embedder
         try:
             vector = np.asarray(embedder.embed([text]), dtype=np.float32)[0]
         except Exception as error:  # noqa: BLE001 - an unreachable or unconfigured embeddings API
             raise QueryError(f"cannot embed the question with {getattr(embedder, 'name', 'the embedder')}: {error}") from error
-        return [float(x) for x in vector]
+        self._vectors[text] = [float(x) for x in vector]
+        return self._vectors[text]
 
     def company_ticker(self, company: str | None) -> str | None:
         """A ticker for a company given as a ticker or a name ('AMD', 'Intel Corp')."""
@@ -454,7 +462,7 @@ class Graph:
     def trend_analysis(self, question: str, companies: list[str] | None, start: Any, end: Any, topic: str,
                        per_company: int = 40, min_score: float = 0.3) -> Trend:
         """Facts on `topic` grouped per company and fiscal quarter, oldest first, within the
-        window. The summary of how they changed is left to a model (see tkg.agent)."""
+        window. Describing how they changed is left to a model (the agent's answer)."""
         begin, finish = window(start, end)
         tickers = [self.company_ticker(c) for c in companies] if companies else [
             row["company"] for row in self.rows("SELECT DISTINCT company FROM transcripts ORDER BY 1")]
