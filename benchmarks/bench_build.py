@@ -1,7 +1,10 @@
 """`tkg build` on the full corpus, offline: cold, no-op and one-new-call, and where the time goes.
 
     python benchmarks/bench_build.py                      # 3 cold builds, 5 no-ops, 1 new call
-    python benchmarks/bench_build.py --runs 1 --baseline 0b85134   # also the tkg of that commit, side by side
+    python benchmarks/bench_build.py --runs 3 --baseline 740f9ce   # also the tkg of that commit, side by side
+
+With --baseline, each cold build of this tree is followed by a cold build of the baseline, so
+the two medians come from the same stretch of machine time.
 
 Each build is the real CLI in a subprocess with a fresh data folder. The "cold" source is the
 corpus without its newest call; the one-new-call build then adds that call back, which must
@@ -68,11 +71,25 @@ def main() -> None:
                      "new_call": added, "cold": [], "noop": [], "one_new_call": None, "baseline": None,
                "load_average_before": os.getloadavg()}
 
-    for run in range(args.runs):
-        home = work / f"cold{run}"
-        seconds, _ = tkg(["build", "--source", str(cold_source)], home)
-        results["cold"].append({"seconds": round(seconds, 2), "record": record(home)})
-        print(f"cold build {run + 1}: {seconds:.1f} s", flush=True)
+    tree = work / "baseline"
+    if args.baseline:
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.baseline], cwd=ROOT, check=True,
+                       capture_output=True)
+        results["baseline"] = {"revision": args.baseline, "cold": []}
+    try:
+        for run in range(args.runs):
+            home = work / f"cold{run}"
+            seconds, _ = tkg(["build", "--source", str(cold_source)], home)
+            results["cold"].append({"seconds": round(seconds, 2), "record": record(home)})
+            print(f"cold build {run + 1}: {seconds:.1f} s", flush=True)
+            if args.baseline:
+                baseline_home = work / f"baseline{run}"
+                seconds, _ = tkg(["build", "--source", str(cold_source)], baseline_home, cwd=tree)
+                results["baseline"]["cold"].append({"seconds": round(seconds, 2), "record": record(baseline_home)})
+                print(f"baseline {args.baseline} cold build {run + 1}: {seconds:.1f} s", flush=True)
+    finally:
+        if args.baseline:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
     home = work / f"cold{args.runs - 1}"
     seconds, completed = tkg(["build", "--source", str(CORPUS)], home)
     assert "building 1 of 187 partition(s)" in completed.stderr, completed.stderr[-2000:]
@@ -83,19 +100,6 @@ def main() -> None:
         assert "up to date" in completed.stderr
         results["noop"].append(round(seconds, 2))
     print(f"no-op rebuilds: {results['noop']}", flush=True)
-
-    if args.baseline:
-        tree = work / "baseline"
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.baseline], cwd=ROOT, check=True,
-                       capture_output=True)
-        try:
-            seconds, _ = tkg(["build", "--source", str(cold_source)], work / "baseline_home", cwd=tree)
-            results["baseline"] = {"revision": args.baseline, "seconds": round(seconds, 2)}
-            seconds, _ = tkg(["build", "--source", str(cold_source)], work / "baseline_home", cwd=tree)
-            results["baseline"]["second_build_seconds"] = round(seconds, 2)
-            print(f"baseline {args.baseline}: cold {results['baseline']['seconds']:.1f} s, again {seconds:.1f} s", flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
 
     results["load_average_after"] = os.getloadavg()
     cold = statistics.median(entry["seconds"] for entry in results["cold"])
@@ -111,7 +115,11 @@ def main() -> None:
                          "global_steps": middle["global_steps"]},
     }
     if results["baseline"]:
-        results["summary"]["baseline_cold_over_cold"] = round(results["baseline"]["seconds"] / cold, 2)
+        baseline = statistics.median(entry["seconds"] for entry in results["baseline"]["cold"])
+        middle_baseline = sorted(results["baseline"]["cold"], key=lambda e: e["seconds"])[args.runs // 2]["record"]
+        results["summary"].update(baseline_cold_median_s=baseline, cold_over_baseline_cold=round(cold / baseline, 3),
+                                  baseline_stage_work_cpu=middle_baseline["stage_seconds"],
+                                  baseline_global_steps=middle_baseline["global_steps"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results["summary"], indent=1))

@@ -63,7 +63,7 @@ class ExtractionBackend(dg.ConfigurableResource):
     api_key: str | None = Field(None, description="Set from EnvVar('OPENAI_API_KEY'); never logged or stored")
     base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://localhost:8000/v1 (OPENAI_BASE_URL)")
     api_mode: str | None = Field(None, description="responses | chat (TKG_API_MODE)")
-    batch_size: int | None = Field(None, description="statements per validity/triplet request (TKG_BATCH_SIZE)")
+    batch_size: int | None = Field(None, description="statements per validity/triplet/figure request (TKG_BATCH_SIZE)")
     max_in_flight: int | None = Field(None, description="requests in flight at most (TKG_MAX_IN_FLIGHT)")
     service_tier: str | None = Field(None, description="e.g. flex (TKG_SERVICE_TIER)")
     home: str = Field(default_factory=default_home, description="where the response cache lives (<home>/cache)")

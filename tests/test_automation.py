@@ -8,11 +8,12 @@ from datetime import date
 import dagster as dg
 
 from tkg.sources import load_source
+from tkg.state import PARTITIONED_STAGES
 from tkg_assets.automation import stale_partition_requests
 from tkg_assets.definitions import defs
 from tkg_assets.partitions import partition_key
 
-PARTITION_STEPS = ["transcripts", "chunks", "statements", "temporal_events", "triplets", "entities"]
+PARTITION_STEPS = list(PARTITIONED_STAGES)
 
 
 def _requested(result) -> set[str]:

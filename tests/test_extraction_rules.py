@@ -170,7 +170,8 @@ def test_statements_keep_the_speakers_words(spoken, written):
 
 def test_the_predicate_vocabulary_agrees_with_itself():
     """Issue 13: the enum, the definitions and the contradiction groups describe one vocabulary."""
-    from tkg.models import PREDICATE_DEFINITIONS, PREDICATE_GROUP_OF, PREDICATE_GROUPS, Predicate
+    from tkg.models import PREDICATE_DEFINITIONS, Predicate
+    from tkg.policy import PREDICATE_GROUP_OF, PREDICATE_GROUPS
 
     assert set(PREDICATE_DEFINITIONS) == set(Predicate) and all(d.strip() for d in PREDICATE_DEFINITIONS.values())
     grouped = [p for group in PREDICATE_GROUPS for p in group]
@@ -200,3 +201,35 @@ def test_editing_the_vocabulary_changes_code_versions_and_cache_keys(monkeypatch
     after = {stage: settings_from_env().fingerprint(stage) for stage in fingerprints}
     assert after["statements"] == fingerprints["statements"]
     assert after["triplets"] != fingerprints["triplets"] and after["judge"] != fingerprints["judge"]
+
+
+def test_editing_the_invalidation_policy_changes_only_the_judges_versions(monkeypatch):
+    """Issue 13: the policy (tkg.policy) is part of both judges' code version and the LLM
+    judge's cache key; extraction stages keep theirs."""
+    from tkg import policy
+    from tkg.backend import Backend
+    from tkg.llm.settings import settings_from_env
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    before = {"offline": (Backend(backend="offline").code_versions(), Backend(backend="offline").judge_code_version()),
+              "llm": (Backend().code_versions(), Backend().judge_code_version())}
+    judge_key = settings_from_env().fingerprint("judge")
+    monkeypatch.setattr(policy, "FUNCTIONAL_OFFICES", policy.FUNCTIONAL_OFFICES | {"CRO"})
+    for name, backend in (("offline", Backend(backend="offline")), ("llm", Backend())):
+        assert backend.code_versions() == before[name][0]
+        assert backend.judge_code_version() != before[name][1]
+    assert settings_from_env().fingerprint("judge") != judge_key
+    assert "CRO" in policy.describe_single_valued()
+
+
+def test_the_judge_prompt_and_the_check_read_the_policy(monkeypatch):
+    from tkg import checks, policy
+    from tkg.prompts import render
+
+    office_check = next(check for check in checks.CHECKS if check.name == "one_holder_per_office")
+    assert set(office_check.parameters[0]) == set(policy.FUNCTIONAL_OFFICES)
+    monkeypatch.setattr(policy, "FUNCTIONAL_OFFICES", policy.FUNCTIONAL_OFFICES | {"Chief Risk Officer"})
+    prompt = render("invalidation_judge.j2", primary={"statement": "x", "statement_type": "FACT", "temporal_type": "DYNAMIC",
+                                                      "valid_at": "2020-01-01", "invalid_at": None, "triplets": []},
+                    candidates=[], single_valued=policy.describe_single_valued())
+    assert "Chief Risk Officer" in prompt.instructions

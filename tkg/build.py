@@ -72,7 +72,8 @@ def run_invalidation(store: ParquetStore, judge: Judge, allow_partial: bool = Fa
     stats = _stats(judge, "judge")
     before = stats.snapshot() if stats else None
     try:
-        result = invalidate(store.read_all("temporal_events", tables.EVENTS), resolved, judge)
+        result = invalidate(store.read_all("temporal_events", tables.EVENTS), resolved, judge,
+                            store.read_all("figures", tables.FIGURES))
     finally:
         record_usage(store, "invalidated_events", judge)
     missing = dict(stats.since(before).unanswered_items) if stats else {}
@@ -82,6 +83,7 @@ def run_invalidation(store: ParquetStore, judge: Judge, allow_partial: bool = Fa
     inputs = global_inputs(versions, {"canonical_entities": resolution_stamp})["invalidated_events"]
     stamp = Stamp("invalidated_events", judge_code_version(judge.name, _judge_fingerprint(judge)), inputs, missing)
     store.write(store.global_path("invalidated_events", "invalidation_judgments"), stamped(result.judgments, stamp))
+    store.write(store.global_path("invalidated_events", "figure_invalidations"), stamped(result.figure_invalidations, stamp))
     result.path = store.write(store.global_path("invalidated_events", "event_invalidations"),
                               stamped(result.event_invalidations, stamp))
     result.stamp = stamp

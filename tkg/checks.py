@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import duckdb
 
 from tkg.models import Predicate
-from tkg.roles import FUNCTIONAL_OFFICES
+from tkg.policy import FUNCTIONAL_OFFICES
 
 # Per partition: a call yields at least this many chunks, and a chunk at most this many
 # statements; outside these bounds a stage has gone wrong (an empty parse, a runaway split).

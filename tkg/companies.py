@@ -19,6 +19,9 @@ class Company:
     name: str
     aliases: tuple[str, ...] = field(default_factory=tuple)
     fiscal_year_end_month: int = 12
+    # Reporting segments and product lines, each with the other names calls use for it: a
+    # figure qualified by one is that segment's, never the company total.
+    segments: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def fiscal_period(self, fiscal_quarter: int, fiscal_year: int) -> tuple[date, date]:
         """First and last day of fiscal quarter `fiscal_quarter` of fiscal year `fiscal_year`."""
@@ -56,8 +59,23 @@ def _load(path: Path) -> dict[str, Company]:
         month = int(entry.get("fiscal_year_end_month", 12))
         if not 1 <= month <= 12:
             raise ValueError(f"{ticker} in {path}: fiscal_year_end_month must be 1..12, got {month}")
-        registry[ticker] = Company(ticker, str(entry["name"]), tuple(entry.get("aliases", ())), month)
+        registry[ticker] = Company(ticker, str(entry["name"]), tuple(entry.get("aliases", ())), month,
+                                   _segments(entry.get("segments", ()), ticker, path))
     return registry
+
+
+def _segments(entries: object, ticker: str, path: Path) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`segments:` entries, each a name or {name: [aliases]}."""
+    segments = []
+    for entry in entries or ():
+        if isinstance(entry, str):
+            segments.append((entry, ()))
+        elif isinstance(entry, dict) and len(entry) == 1:
+            name, aliases = next(iter(entry.items()))
+            segments.append((str(name), tuple(str(alias) for alias in aliases or ())))
+        else:
+            raise ValueError(f"{ticker} in {path}: each segment is a name or {{name: [aliases]}}, got {entry!r}")
+    return tuple(segments)
 
 
 def load_companies() -> dict[str, Company]:

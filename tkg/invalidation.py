@@ -27,9 +27,19 @@ import pyarrow as pa
 
 from tkg import tables
 from tkg.candidates import select_candidates
-from tkg.models import PREDICATE_GROUP_OF, Predicate
+from tkg.models import Predicate
 from tkg.paths import read_sql
-from tkg.roles import FUNCTIONAL_OFFICES
+from tkg.policy import (
+    FUNCTIONAL_OFFICES,
+    INVALIDATED_STATEMENT_TYPES,
+    MIN_COSINE,
+    NEVER_INVALIDATED_TEMPORAL_TYPES,
+    PREDICATE_GROUP_OF,
+    SINGLE_VALUED_PREDICATES,
+    TOP_K,
+    policy_fingerprint,
+)
+from tkg.revisions import revise_figures
 from tkg.warehouse import apply_model, model, register_raw
 
 
@@ -81,7 +91,7 @@ class Judge(Protocol):
 
 # --- the offline judge -----------------------------------------------------------------------
 
-_FUNCTIONAL_METRICS = {Predicate.TARGETS.value, Predicate.HAS_REVENUE.value}
+_FUNCTIONAL_METRICS = {p.value for p in SINGLE_VALUED_PREDICATES}
 
 
 def _office_role(office_name: str) -> str:
@@ -111,10 +121,10 @@ class RuleJudge:
     name = "rules:functional-v1"
 
     def settings_fingerprint(self, stage: str) -> str:
-        """Besides the rules, the predicate groups decide which facts may contradict."""
+        """Besides the rules, the vocabulary and the policy (tkg.policy) decide the verdicts."""
         from tkg.models import vocabulary_fingerprint
 
-        return vocabulary_fingerprint()
+        return f"{vocabulary_fingerprint()}:{policy_fingerprint()}"
 
     def judge(self, cases: Sequence[JudgeCase]) -> list[list[Verdict]]:
         return [[self._verdict(case.primary, candidate) for candidate in case.candidates] for case in cases]
@@ -152,6 +162,7 @@ class InvalidationResult:
     event_invalidations: pa.Table
     judgments: pa.Table
     counts: Counter = field(default_factory=Counter)
+    figure_invalidations: pa.Table = field(default_factory=lambda: tables.FIGURE_INVALIDATIONS.empty_table())
     path: Path | None = None
     stamp: object = None  # the tkg.versions.Stamp the tables were written with
 
@@ -169,10 +180,12 @@ def invalidate(
     events: pa.Table,
     resolved_triplets: pa.Table,
     judge: Judge,
-    min_cosine: float = 0.5,
-    top_k: int = 10,
+    figures: pa.Table | None = None,
+    min_cosine: float = MIN_COSINE,
+    top_k: int = TOP_K,
 ) -> InvalidationResult:
-    """Judge every candidate pair and retire what the judge says is contradicted.
+    """Judge every candidate pair and retire what the judge says is contradicted; revise
+    guidance figures (tkg.revisions) and retire statements whose figures were all revised.
 
     `events` are all temporal events; `resolved_triplets` come from `canonical_triplets`.
     """
@@ -204,23 +217,34 @@ def invalidate(
                 winners[primary_id] = secondary
         counts["judged_pairs"] += len(case_verdicts)
 
+    # Each event's earliest retirement: by a judged contradiction, or by the revision of every figure it states.
+    ends: dict[str, tuple[datetime, str]] = {p: (s.valid_at, s.event_id) for p, s in winners.items()}
+    revisions = revise_figures(figures if figures is not None else tables.FIGURES.empty_table())
+    for event_id, retirement in revisions.retired_events.items():
+        if event_id not in ends or retirement < ends[event_id]:
+            ends[event_id] = retirement
+    judgments.extend(revisions.judgments)
+    timing = {row["event_id"]: row for row in events.select(["event_id", "invalid_at", "created_at"]).to_pylist()}
     invalidations = []
-    for primary_id, secondary in sorted(winners.items()):
-        primary = views[primary_id]
-        if primary.invalid_at is not None and secondary.valid_at >= primary.invalid_at:
+    for event_id, (invalid_at, invalidated_by) in sorted(ends.items()):
+        primary, secondary = timing[event_id], timing[invalidated_by]
+        if primary["invalid_at"] is not None and invalid_at >= primary["invalid_at"]:
             continue  # a finished event's end only ever moves earlier
         invalidations.append({
-            "event_id": primary_id, "invalid_at": secondary.valid_at,
+            "event_id": event_id, "invalid_at": invalid_at,
             # Transaction time: the record is retired when the retiring statement was published.
-            "expired_at": max(primary.created_at, secondary.created_at),
-            "invalidated_by": secondary.event_id,
+            "expired_at": max(primary["created_at"], secondary["created_at"]),
+            "invalidated_by": invalidated_by,
         })
     counts["invalidated_events"] = len(invalidations)
-    counts["true_verdicts"] = sum(1 for j in judgments if j["invalidates"])
+    counts["true_verdicts"] = sum(1 for j in judgments if j["invalidates"] and j["judge"] == judge.name)
+    counts["revised_figures"] = revisions.figure_invalidations.num_rows
+    counts["events_retired_by_figures"] = len(revisions.retired_events)
     return InvalidationResult(
         event_invalidations=tables.to_table(invalidations, tables.EVENT_INVALIDATIONS),
         judgments=tables.to_table(judgments, tables.INVALIDATION_JUDGMENTS),
         counts=counts,
+        figure_invalidations=revisions.figure_invalidations,
     )
 
 
@@ -229,7 +253,8 @@ def _fact_events(events: pa.Table, resolved_triplets: pa.Table) -> pa.Table:
     with duckdb.connect() as connection:
         connection.register("events", events)
         connection.register("resolved_triplets", resolved_triplets)
-        return connection.sql(read_sql("pipeline/fact_events.sql")).to_arrow_table()
+        return connection.sql(read_sql("pipeline/fact_events.sql"),
+                              params=[list(INVALIDATED_STATEMENT_TYPES), list(NEVER_INVALIDATED_TEMPORAL_TYPES)]).to_arrow_table()
 
 
 def _links(resolved_triplets: pa.Table, facts: pa.Table) -> pa.Table:

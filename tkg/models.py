@@ -73,14 +73,6 @@ PREDICATE_DEFINITIONS: dict[Predicate, str] = {
     Predicate.SECURED: "The subject won or obtained the object (a contract, customer, funding or approval).",
 }
 
-# Facts may only contradict facts whose predicate is in the same group (REFERENCE 1.5).
-PREDICATE_GROUPS: tuple[tuple[Predicate, ...], ...] = (
-    (Predicate.IS_A, Predicate.HAS_A, Predicate.LOCATED_IN, Predicate.HOLDS_ROLE, Predicate.PART_OF),
-    (Predicate.PRODUCES, Predicate.SELLS, Predicate.SUPPLIES, Predicate.DISCONTINUED, Predicate.SECURED),
-    (Predicate.LAUNCHED, Predicate.DEVELOPED, Predicate.ADOPTED_BY, Predicate.INVESTS_IN, Predicate.COLLABORATES_WITH),
-    (Predicate.HAS_REVENUE, Predicate.INCREASED, Predicate.DECREASED, Predicate.RESULTED_IN, Predicate.TARGETS),
-)
-PREDICATE_GROUP_OF: dict[Predicate, int] = {p: i + 1 for i, group in enumerate(PREDICATE_GROUPS) for p in group}
 # Stages whose output the vocabulary shapes: triplet extraction (names and definitions are in
 # its prompt and rules) and invalidation (the groups decide which facts may contradict).
 VOCABULARY_STAGES = frozenset({"triplets", "judge"})
@@ -92,6 +84,8 @@ def vocabulary_fingerprint() -> str:
     stale and never reuses an answer given under the old wording."""
     import hashlib
     import json
+
+    from tkg.policy import PREDICATE_GROUPS
 
     text = json.dumps({"definitions": {p.value: PREDICATE_DEFINITIONS.get(p) for p in Predicate},
                        "groups": [[p.value for p in group] for group in PREDICATE_GROUPS]}, sort_keys=True)
@@ -325,6 +319,108 @@ class RawTriplet(_Lenient):
 class RawExtraction(_Lenient):
     entities: list[RawEntity] = []
     triplets: list[RawTriplet] = []
+
+
+class FigureMetric(StrEnum):
+    """The `metrics` view's controlled vocabulary (a contract: scripts and dashboards query it)."""
+
+    REVENUE = "revenue"  # net sales count as revenue
+    SEGMENT_REVENUE = "segment_revenue"
+    GROSS_MARGIN = "gross_margin"
+    OPERATING_MARGIN = "operating_margin"
+    OPERATING_INCOME = "operating_income"
+    OPERATING_EXPENSES = "operating_expenses"
+    NET_INCOME = "net_income"
+    EPS = "eps"
+    CAPEX = "capex"
+    FREE_CASH_FLOW = "free_cash_flow"
+    REVENUE_GROWTH = "revenue_growth"
+
+
+PERCENT_METRICS = frozenset({FigureMetric.GROSS_MARGIN, FigureMetric.OPERATING_MARGIN, FigureMetric.REVENUE_GROWTH})
+
+
+class FigureKind(StrEnum):
+    REPORTED = "reported"  # a result for a closed period
+    GUIDANCE = "guidance"  # a forward-looking figure for a period not yet over
+
+
+class RawFigure(_Lenient):
+    """One financial figure a statement states, in base units: the `metrics` view's fields."""
+
+    metric: FigureMetric
+    segment: str | None = Field(None, description="The segment or product line of a segment figure, else null")
+    basis: str | None = Field(None, description="'GAAP', 'non-GAAP', or null when not stated")
+    kind: FigureKind
+    fiscal_year: int = Field(description="The company's own fiscal year label")
+    fiscal_quarter: int | None = Field(None, description="1-4, or null for a full fiscal year")
+    value: float = Field(description="In base units: 1.48e9 for '$1.48 billion', 61.9 for '61.9%'; a range's midpoint")
+    low: float | None = None
+    high: float | None = None
+    unit: str = Field(description="'USD' (or the stated currency code), 'percent', or 'USD/share'")
+    text: str = Field("", description="The amount as written in the statement")
+
+    _normalise_metric = field_validator("metric", mode="before")(lambda v: _enum_from_any(FigureMetric, v))
+    _normalise_kind = field_validator("kind", mode="before")(lambda v: _enum_from_any(FigureKind, v))
+
+    @field_validator("basis", mode="before")
+    @classmethod
+    def _basis(cls, value: Any) -> str | None:
+        text = re.sub(r"[\s_-]+", "", str(value or "")).lower()
+        return {"gaap": "GAAP", "nongaap": "non-GAAP", "adjusted": "non-GAAP"}.get(text)
+
+    @field_validator("segment", mode="before")
+    @classmethod
+    def _segment(cls, value: Any) -> str | None:
+        text = str(value or "").strip()
+        return None if text.lower() in {"", "null", "none", "total"} else text
+
+    @field_validator("fiscal_quarter", mode="before")
+    @classmethod
+    def _quarter(cls, value: Any) -> int | None:
+        text = str(value or "").strip().upper().removeprefix("Q")
+        if text in {"", "NULL", "NONE", "FY", "0"}:
+            return None
+        if text not in {"1", "2", "3", "4"}:
+            raise ValueError(f"fiscal_quarter must be 1-4 or null, got {value!r}")
+        return int(text)
+
+    @field_validator("unit", mode="before")
+    @classmethod
+    def _unit(cls, value: Any) -> str:
+        text = str(value or "").strip()
+        lower = text.lower().replace(" ", "")
+        if lower in {"%", "percent", "pct", "percentage"}:
+            return "percent"
+        if lower.endswith(("/share", "pershare")):
+            return f"{lower.split('/')[0].removesuffix('pershare').upper() or 'USD'}/share"
+        return {"$": "USD", "usd": "USD", "€": "EUR", "eur": "EUR", "dollars": "USD"}.get(lower, text.upper())
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RawFigure:
+        if (self.low is None) != (self.high is None):
+            self.low = self.high = None
+        if self.low is not None and self.high is not None:
+            self.low, self.high = sorted((self.low, self.high))
+        if self.metric == FigureMetric.SEGMENT_REVENUE and not self.segment:
+            raise ValueError("a segment_revenue figure names its segment")
+        if self.metric == FigureMetric.REVENUE and self.segment:
+            self.metric = FigureMetric.SEGMENT_REVENUE
+        if (self.metric in PERCENT_METRICS) != (self.unit == "percent"):
+            raise ValueError(f"{self.metric.value} is measured in {'percent' if self.metric in PERCENT_METRICS else 'money'}, "
+                             f"not {self.unit}")
+        return self
+
+    @property
+    def key(self) -> tuple:
+        """What the figure is about: a later, different value for the same key revises it."""
+        return (self.metric.value, self.segment, self.basis, self.kind.value, self.fiscal_year, self.fiscal_quarter)
+
+
+class RawFigureList(_Lenient):
+    """The figures of one statement (the LLM's answer item)."""
+
+    figures: list[RawFigure] = []
 
 
 # --- Pipeline records ------------------------------------------------------------------------

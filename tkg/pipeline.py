@@ -232,6 +232,69 @@ def extract_triplets(transcripts: pa.Table, statements: pa.Table, extractor: Ext
     return result
 
 
+def extract_figures(transcripts: pa.Table, chunks: pa.Table, statements: pa.Table, extractor: Extractor) -> StageResult:
+    """Financial figures of the company's own statements: what its people said, not what an
+    analyst or the operator said (an analyst restating guidance is not guidance). A call
+    states one total per metric and period, so when a sentence without its segment's name
+    ('Revenue was $163 million' in the Automotive paragraph) competes with the total, the
+    smaller total is dropped and counted."""
+    speakers = {row["chunk_id"]: row for row in chunks.select(["chunk_id", "kind", "speaker", "speaker_organization"]).to_pylist()}
+    by_transcript: dict[str, list[dict[str, Any]]] = {}
+    for record in statements.select(["statement_id", "chunk_id", "transcript_id", "statement", "statement_type", "temporal_type",
+                                     "quarter", "company"]).to_pylist():
+        by_transcript.setdefault(record["transcript_id"], []).append(record)
+    result = StageResult(tables.FIGURES.empty_table())
+    records = []
+    for transcript_record in transcripts.to_pylist():
+        transcript, context = context_for(transcript_record)
+        own_people = {p.name for p in transcript.participants if p.kind == "corporate"}
+        rows = [row for row in by_transcript.get(transcript.transcript_id, [])
+                if _said_by_the_company(speakers.get(row["chunk_id"]), own_people, context.ticker)]
+        result.counts["statements_not_by_the_company"] += len(by_transcript.get(transcript.transcript_id, [])) - len(rows)
+        found = extractor.extract_figures([_raw_statement(row) for row in rows], context) if rows else []
+        call = []
+        for row, figures in zip(rows, found):
+            for figure in figures:
+                call.append({
+                    "figure_id": short_hash(row["statement_id"], *figure.key, figure.value, figure.low, figure.high, figure.unit),
+                    "event_id": row["statement_id"], "transcript_id": transcript.transcript_id, "company": row["company"],
+                    "quarter": row["quarter"], "call_date": transcript.call_date, "stated_at": context.publication_date,
+                    "metric": figure.metric.value, "segment": figure.segment, "basis": figure.basis, "kind": figure.kind.value,
+                    "fiscal_year": figure.fiscal_year, "fiscal_quarter": figure.fiscal_quarter, "value": figure.value,
+                    "low": figure.low, "high": figure.high, "unit": figure.unit, "amount_text": figure.text,
+                })
+        kept = _one_total_per_period(call)
+        result.counts["smaller_competing_totals"] += len(call) - len(kept)
+        records.extend(kept)
+    result.table = tables.to_table(sorted(records, key=lambda r: r["figure_id"]), tables.FIGURES)
+    result.counts["figures"] = len(records)
+    return result
+
+
+def _said_by_the_company(chunk: dict[str, Any] | None, own_people: set[str], ticker: str) -> bool:
+    from tkg.names import company_for_name
+
+    if chunk is None or chunk["kind"] == "participants":
+        return False
+    if chunk["kind"] == "summary":
+        return True  # a vendor's summary of what the company said
+    if chunk["speaker"] in own_people:
+        return True
+    organization = company_for_name(chunk["speaker_organization"]) if chunk["speaker_organization"] else None
+    return organization is not None and organization.ticker == ticker
+
+
+def _one_total_per_period(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of competing company totals of revenue for one period, kind and basis in one call, the largest."""
+    largest: dict[tuple, float] = {}
+    for figure in figures:
+        if figure["metric"] == "revenue":
+            key = (figure["kind"], figure["basis"], figure["fiscal_year"], figure["fiscal_quarter"], figure["unit"])
+            largest[key] = max(largest.get(key, figure["value"]), figure["value"])
+    return [figure for figure in figures if figure["metric"] != "revenue" or figure["value"] == largest[
+        (figure["kind"], figure["basis"], figure["fiscal_year"], figure["fiscal_quarter"], figure["unit"])]]
+
+
 def build_entity_mentions(triplets: pa.Table, embedder: Embedder) -> StageResult:
     """One row per entity mention (subject or object of a triplet), with a description embedding
     that entity resolution uses when names alone are ambiguous."""

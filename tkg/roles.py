@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# Offices held by one person at a time per organisation: a new holder ends the previous one.
-FUNCTIONAL_OFFICES = {"CEO", "CFO", "COO", "CTO", "CAO", "President", "Chairman", "Chairman of the Management Board"}
+from tkg.policy import FUNCTIONAL_OFFICES
+
 # Offices that may name the organisation after them ('CEO of Google', 'CEO - Google Inc.').
 _ORG_SUFFIX_OFFICES = FUNCTIONAL_OFFICES
 

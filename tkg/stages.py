@@ -39,8 +39,8 @@ from tkg.versions import Stamp, read_stamp, stamped
 
 # The counters (StageStats names) each stage's LLM work is accounted under.
 STAGE_STATS = {"statements": ("statements",), "temporal_events": ("validity", "embeddings"),
-               "triplets": ("triplets",), "entities": ("embeddings",)}
-STEP_OF_STATS = {"statements": "statements", "validity": "temporal_events", "triplets": "triplets"}
+               "triplets": ("triplets",), "figures": ("figures",), "entities": ("embeddings",)}
+STEP_OF_STATS = {"statements": "statements", "validity": "temporal_events", "triplets": "triplets", "figures": "figures"}
 
 @dataclass
 class Components:
@@ -143,6 +143,13 @@ def compute_stage(stage: str, partition: Partition, inputs: dict[str, pa.Table],
             inputs["transcripts"], inputs["statements"], components.extractor))
         result.extra["predicates"] = dict(sorted(Counter(result.table.column("predicate").to_pylist()).items()))
         return result
+    if stage == "figures":
+        result = _checked(stage, partition, components, STAGE_STATS[stage], lambda: pipeline.extract_figures(
+            inputs["transcripts"], inputs["chunks"], inputs["statements"], components.extractor))
+        result.extra["metrics"] = dict(sorted(Counter(
+            f"{kind} {metric}" for kind, metric in zip(result.table.column("kind").to_pylist(),
+                                                        result.table.column("metric").to_pylist())).items()))
+        return result
     if stage == "entities":
         return _checked(stage, partition, components, STAGE_STATS[stage], lambda: pipeline.build_entity_mentions(
             inputs["triplets"], components.embedder))
@@ -232,8 +239,8 @@ def build_partition(store: ParquetStore, partition: Partition, stages: set[str],
     """Rebuild `stages` of one partition (with everything downstream of them): compute them all
     in memory, reading the others from the store, and write them only when all succeeded.
 
-    Validity ranges and triplets both need only the statements, so they run side by side (the
-    LLM path keeps both stages' requests in flight)."""
+    Validity ranges, triplets and figures all need only the statements, so they run side by
+    side (the LLM path keeps all three stages' requests in flight)."""
     company, quarter = partition
     stages = downstream_of(stages)
     results: dict[str, StageResult] = {}
@@ -264,12 +271,11 @@ def build_partition(store: ParquetStore, partition: Partition, stages: set[str],
         for stage in ("transcripts", "chunks", "statements"):
             if stage in stages:
                 finish(stage, one(stage))
-        parallel = [stage for stage in ("temporal_events", "triplets") if stage in stages]
-        for upstream in ("transcripts", "statements"):
-            if parallel:
-                table(upstream)  # read once, before the threads share it
-        if len(parallel) == 2:
-            with ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"tkg-{company}") as pool:
+        parallel = [stage for stage in ("temporal_events", "triplets", "figures") if stage in stages]
+        for upstream in {upstream for stage in parallel for upstream in STAGE_INPUTS[stage]}:
+            table(upstream)  # read once, before the threads share it
+        if len(parallel) > 1:
+            with ThreadPoolExecutor(max_workers=len(parallel), thread_name_prefix=f"tkg-{company}") as pool:
                 futures = {stage: pool.submit(one, stage) for stage in parallel}
                 for stage in parallel:
                     finish(stage, futures[stage].result())

@@ -21,7 +21,7 @@ from tkg.sources import rows_fingerprint
 from tkg.store import ParquetStore
 from tkg.versions import Stamp, combine, read_stamp
 
-PARTITIONED_STAGES = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "entities")
+PARTITIONED_STAGES = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "figures", "entities")
 GLOBAL_STAGES = ("canonical_entities", "invalidated_events", "warehouse")
 STAGE_INPUTS: dict[str, tuple[str, ...]] = {
     "transcripts": (),  # the partition's source rows and its company's registry entry
@@ -29,6 +29,7 @@ STAGE_INPUTS: dict[str, tuple[str, ...]] = {
     "statements": ("transcripts", "chunks"),
     "temporal_events": ("transcripts", "statements"),
     "triplets": ("transcripts", "statements"),
+    "figures": ("transcripts", "chunks", "statements"),
     "entities": ("triplets",),
 }
 # Code versions of the stages that no prompt or model shapes; bump one when its output changes.
@@ -63,6 +64,7 @@ def stage_code_versions(extractor_fingerprint: Callable[[str], str], embedder_na
         "statements": extractor_fingerprint("statements"),
         "temporal_events": _short(extractor_fingerprint("validity"), embedder_name),
         "triplets": extractor_fingerprint("triplets"),
+        "figures": extractor_fingerprint("figures"),
         "entities": _short(ENTITIES_VERSION, embedder_name),
     }
 
@@ -188,7 +190,7 @@ def global_inputs(versions: dict[str, dict[str, str]], stamps: dict[str, Stamp |
     return {
         "canonical_entities": {"entities": combine(versions["entities"]), "registry": registry_fingerprint()},
         "invalidated_events": {"temporal_events": combine(versions["temporal_events"]), "triplets": combine(versions["triplets"]),
-                               "canonical_entities": canonical.version if canonical else ""},
+                               "figures": combine(versions["figures"]), "canonical_entities": canonical.version if canonical else ""},
         "fact_relevance": {"temporal_events": combine(versions["temporal_events"])},
     }
 

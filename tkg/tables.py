@@ -58,6 +58,19 @@ TRIPLETS = pa.schema([
     ("object_type", pa.string()), ("object_description", pa.string()), ("seen_at", TIMESTAMP),
 ])
 
+FIGURES = pa.schema([
+    ("figure_id", pa.string()), ("event_id", pa.string()), ("transcript_id", pa.string()), ("company", pa.string()),
+    ("quarter", pa.date32()), ("call_date", pa.date32()), ("stated_at", TIMESTAMP),
+    ("metric", pa.string()), ("segment", pa.string()), ("basis", pa.string()), ("kind", pa.string()),
+    ("fiscal_year", pa.int32()), ("fiscal_quarter", pa.int8()),
+    ("value", pa.float64()), ("low", pa.float64()), ("high", pa.float64()), ("unit", pa.string()), ("amount_text", pa.string()),
+])
+
+FIGURE_INVALIDATIONS = pa.schema([
+    ("figure_id", pa.string()), ("invalid_at", TIMESTAMP), ("expired_at", TIMESTAMP), ("invalidated_by", pa.string()),
+    ("invalidated_by_figure", pa.string()), ("reason", pa.string()),
+])
+
 ENTITIES = pa.schema([
     ("entity_id", pa.string()), ("event_id", pa.string()), ("company", pa.string()), ("quarter", pa.date32()),
     ("name", pa.string()), ("type", pa.string()), ("description", pa.string()),
@@ -117,8 +130,9 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "call_datetime": "Date and time of the call, UTC",
     "title": "Title line of the transcript",
     "doc_type": "Vendor line of the transcript (e.g. 'Thomson Reuters StreetEvents Event Transcript')",
-    "fiscal_quarter": "The company's own fiscal label, e.g. 'Q2 2021' (NVIDIA's and AMD's Q1 2019 differ)",
-    "fiscal_year": "Fiscal year of the call's fiscal quarter",
+    "fiscal_quarter": "The company's own fiscal label, e.g. 'Q2 2021' (NVIDIA's and AMD's Q1 2019 differ); "
+                      "of a figure, its fiscal quarter 1-4 (null: a full year)",
+    "fiscal_year": "Fiscal year of the call's fiscal quarter; of a figure, the fiscal year it is for",
     "fiscal_period_start": "First day of the fiscal quarter the call discusses",
     "fiscal_period_end": "Last day of the fiscal quarter the call discusses",
     "participants": "Corporate and conference-call participants with organisation and title",
@@ -127,7 +141,7 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "text": "The transcript text (chunks and turns point into it by offset)",
     "chunk_id": "Semantic chunk: a hash of transcript and offsets",
     "chunk_index": "Position of the chunk in its transcript",
-    "kind": "participants, speech or summary",
+    "kind": "Of a chunk: participants, speech or summary; of a figure: reported or guidance",
     "section": "Transcript section (Presentation, Questions and Answers, ...)",
     "speaker": "Who said the chunk",
     "start_offset": "First character of the chunk in transcripts.text",
@@ -149,7 +163,8 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "subject_name": "Subject as extracted", "object_name": "Object as extracted",
     "subject_entity_id": "Entity mention of the subject", "object_entity_id": "Entity mention of the object",
     "predicate": "One of the 20 predicates of the vocabulary (HOLDS_ROLE, HAS_REVENUE, ...)",
-    "value": "A quantity the triplet carries ('$1.48 billion', '61.9%')",
+    "value": "A quantity the triplet carries ('$1.48 billion', '61.9%'); of a figure, the number in base units "
+             "(1.48e9, 61.9; a range's midpoint)",
     "seen_at": "Time of the call the mention comes from",
     "entity_id": "Entity mention", "name": "Name as extracted (or the canonical name)", "type": "Entity type",
     "description": "What the entity is, as the extractor described it",
@@ -160,6 +175,17 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "source": "registry (a configured company) or mentions",
     "method": "How the mention was resolved: registry, cluster or split; ':alias' when its name is not the canonical name",
     "invalidated_by": "The event whose statement retired this one",
+    "figure_id": "Financial figure: a hash of its event, metric, period and value",
+    "stated_at": "Time of the call that stated the figure",
+    "metric": "revenue, segment_revenue, gross_margin, operating_margin, operating_income, operating_expenses, net_income, "
+              "eps, capex, free_cash_flow or revenue_growth",
+    "segment": "The segment or product line of a segment figure (names from tkg/config/companies.yaml), else null",
+    "basis": "GAAP, non-GAAP, or null when not stated",
+    "low": "Low end of a range (or value minus a plus-or-minus), in base units",
+    "high": "High end of a range (or value plus a plus-or-minus), in base units",
+    "unit": "USD (or the stated currency), percent, or USD/share",
+    "amount_text": "The amount as the statement writes it",
+    "invalidated_by_figure": "The figure that revised this one",
     "primary_event_id": "The older event the judge was asked about",
     "secondary_event_id": "The newer event that may retire it",
     "invalidates": "The judge's verdict", "reason": "The judge's reason", "judge": "Rules or the LLM model that judged",

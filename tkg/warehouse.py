@@ -45,11 +45,13 @@ RAW_TABLES = (
     RawTable("statements", "statements", tables.STATEMENTS),
     RawTable("events", "temporal_events", tables.EVENTS),
     RawTable("triplets", "triplets", tables.TRIPLETS),
+    RawTable("figures", "figures", tables.FIGURES),
     RawTable("entities", "entities", tables.ENTITIES),
     RawTable("canonical_entities", "canonical_entities", tables.CANONICAL_ENTITIES, "canonical_entities"),
     RawTable("entity_resolution", "canonical_entities", tables.ENTITY_RESOLUTION, "entity_resolution"),
     RawTable("event_invalidations", "invalidated_events", tables.EVENT_INVALIDATIONS, "event_invalidations"),
     RawTable("invalidation_judgments", "invalidated_events", tables.INVALIDATION_JUDGMENTS, "invalidation_judgments"),
+    RawTable("figure_invalidations", "invalidated_events", tables.FIGURE_INVALIDATIONS, "figure_invalidations"),
     RawTable("fact_relevance", "fact_relevance", tables.FACT_RELEVANCE, "fact_relevance"),
     RawTable("llm_calls", "llm_calls", tables.LLM_CALLS, pattern="llm_calls/**/llm_calls.parquet"),
 )

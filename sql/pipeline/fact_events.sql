@@ -1,4 +1,5 @@
--- FACT, non-ATEMPORAL events with at least one triplet: the only events invalidation looks at.
+-- FACT, non-ATEMPORAL events with at least one triplet: the only events invalidation looks at
+-- (the statement and temporal types are parameters, from tkg/policy.py).
 -- fact_key names the fact an event states (its canonical triplets), so that the same fact
 -- restated in every quarter's call can be recognised as one candidate.
 -- Registered: events, resolved_triplets (from canonical_triplets.sql).
@@ -13,5 +14,6 @@ SELECT e.event_id, e.statement, e.statement_type, e.temporal_type, e.valid_at, e
        e.embedding, k.fact_key
 FROM events AS e
 JOIN keys AS k ON k.event_id = e.event_id
-WHERE e.statement_type = 'FACT' AND e.temporal_type <> 'ATEMPORAL' AND e.valid_at IS NOT NULL
+WHERE e.statement_type IN (SELECT unnest(?::VARCHAR[])) AND e.temporal_type NOT IN (SELECT unnest(?::VARCHAR[]))
+  AND e.valid_at IS NOT NULL
 ORDER BY e.event_id

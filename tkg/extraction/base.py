@@ -19,6 +19,7 @@ from tkg.companies import Company
 from tkg.models import (
     Chunk,
     RawExtraction,
+    RawFigure,
     RawStatement,
     StatementType,
     TemporalType,
@@ -143,7 +144,7 @@ class StageStats:
 
 
 class Extractor(Protocol):
-    """Statement, validity-range and triplet extraction. Output lists align with the input."""
+    """Statement, validity-range, triplet and figure extraction. Output lists align with the input."""
 
     name: str
 
@@ -158,6 +159,10 @@ class Extractor(Protocol):
     ) -> list[TemporalValidityRange | None]: ...
 
     def extract_triplets(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[RawExtraction]: ...
+
+    def extract_figures(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[list[RawFigure]]:
+        """The financial figures of each statement (most have none), on the call's fiscal calendar."""
+        ...
 
     def stats(self, stage: str) -> StageStats: ...
 

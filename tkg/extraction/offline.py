@@ -17,6 +17,7 @@ import re
 from typing import Sequence
 
 from tkg.extraction.base import DocumentContext, StageStats, split_sentences
+from tkg.extraction.figures import FIGURE_RULES_VERSION, figure_parser, guidance_phrase, segments_fingerprint
 from tkg.extraction.periods import PeriodResolver, find_date
 from tkg.models import (
     VOCABULARY_STAGES,
@@ -25,6 +26,7 @@ from tkg.models import (
     Predicate,
     RawEntity,
     RawExtraction,
+    RawFigure,
     RawStatement,
     RawTriplet,
     StatementType,
@@ -36,7 +38,7 @@ from tkg.names import company_for_name
 from tkg.parsing import parse_participant_sections
 from tkg.roles import ROLE_START, parse_offices
 
-RULES_VERSION = "offline-rules-3"
+RULES_VERSION = "offline-rules-4"
 
 _SKIP = re.compile(
     r"^(?:thank|thanks|good (?:morning|afternoon|evening|day)|hi\b|hello|okay|ok\b|yes\b|no\b|sure\b|great\.|"
@@ -174,6 +176,10 @@ def _money_text(value: str) -> str:
     return " ".join(value.replace("$ ", "$").split())
 
 
+# Guidance for these metrics is derived from the figure rules; the GUIDANCE pattern covers the others (bookings, ...).
+_VOCABULARY_METRIC = re.compile(r"(?i:revenues?|sales|gross margins?|operating margins?|operating income|operating expenses|opex|"
+                                r"net income|earnings per share|EPS|free cash flow|capital expenditures|capex)")
+
 # 'raising revenue guidance by $1.3 billion to $61.3 billion': the amount after 'by' is a change.
 _CHANGE_GAP = re.compile(rf"(?i:\bby|\bgrow(?:s|th)?|\bup)\s+{_APPROX}$")
 _LEVEL_AFTER_CHANGE = re.compile(rf"{_AMOUNT}\s+(?i:to)\s+{_APPROX}(?P<level>{_RANGE})")
@@ -197,6 +203,8 @@ class OfflineExtractor:
 
     def settings_fingerprint(self, stage: str) -> str:
         vocabulary = vocabulary_fingerprint() if stage in VOCABULARY_STAGES else ""
+        if stage in ("statements", "figures"):  # derived guidance statements come from the figure rules
+            vocabulary += f":{FIGURE_RULES_VERSION}:{segments_fingerprint()}"
         return hashlib.sha256(f"{RULES_VERSION}:{stage}:{vocabulary}".encode()).hexdigest()[:16]
 
     def stats(self, stage: str) -> StageStats:
@@ -220,7 +228,7 @@ class OfflineExtractor:
             sentence = _resolve_coreference(sentence, context)
             statement_type, temporal_type = label_statement(sentence)
             statements.append(RawStatement(statement=sentence, statement_type=statement_type, temporal_type=temporal_type))
-            statements.extend(self._derived_statements(sentence, context))
+            statements.extend(self._derived_statements(sentence, context, statement_type))
         return statements
 
     def _participant_statements(self, text: str, context: DocumentContext) -> list[RawStatement]:
@@ -244,10 +252,16 @@ class OfflineExtractor:
                 )
         return statements
 
-    def _derived_statements(self, sentence: str, context: DocumentContext) -> list[RawStatement]:
+    def _derived_statements(self, sentence: str, context: DocumentContext, statement_type: StatementType) -> list[RawStatement]:
         """Canonical DYNAMIC facts behind guidance and appointments, which later statements revise."""
         derived = []
-        if "?" not in sentence and _DIGIT.search(sentence) and (match := GUIDANCE.search(sentence)):
+        guided = [figure for figure in figure_parser(context).parse(sentence, statement_type == StatementType.PREDICTION)
+                  if figure.kind.value == "guidance"] if "?" not in sentence and _DIGIT.search(sentence) else []
+        for figure in guided:
+            derived.append(RawStatement(statement=f"{context.short_name}'s {guidance_phrase(figure)}.",
+                                        statement_type=StatementType.FACT, temporal_type=TemporalType.DYNAMIC))
+        if not guided and "?" not in sentence and _DIGIT.search(sentence) and (match := GUIDANCE.search(sentence)) \
+                and not _VOCABULARY_METRIC.search(match["metric"]):
             period = PeriodResolver(context).find(sentence, forward=True)
             level = _guidance_level(sentence, match)
             if period is not None and level is not None:
@@ -339,7 +353,11 @@ class OfflineExtractor:
                 segment = SEGMENT.search(text)
                 name = f"{_strip_determiners(segment['segment'])} revenue" if segment else match["metric"]
                 metric = self._metric_entity(builder, context, name, period_label)
-                builder.triplet(company(), Predicate.HAS_REVENUE, metric, _money_text(match["value"]))
+                # 'reaffirming our revenue outlook of $1.20 billion' is guidance, not revenue earned
+                kinds = {figure.kind.value for figure in figure_parser(context).parse(text)
+                         if figure.metric.value in ("revenue", "segment_revenue")}
+                predicate = Predicate.TARGETS if kinds == {"guidance"} else Predicate.HAS_REVENUE
+                builder.triplet(company(), predicate, metric, _money_text(match["value"]))
             for match in CHANGE.finditer(text) if has_digit else ():
                 metric = self._metric_entity(builder, context, match["metric"], period_label)
                 up = match["direction"].lower() in {"up", "grew", "increased", "rose", "climbed", "expanded", "improved"}
@@ -357,6 +375,12 @@ class OfflineExtractor:
                 org = builder.entity(org_name, EntityType.ORGANIZATION, "Organisation named in an earnings call")
                 builder.triplet(org, predicate, company()) if reverse else builder.triplet(company(), predicate, org)
         return builder.build()
+
+    # -- figures ------------------------------------------------------------------------------
+
+    def extract_figures(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[list[RawFigure]]:
+        parser = figure_parser(context)
+        return [parser.parse(statement.statement, statement.statement_type == StatementType.PREDICTION) for statement in statements]
 
     @staticmethod
     def _metric_entity(builder: _ExtractionBuilder, context: DocumentContext, metric: str, period_label: str) -> int:

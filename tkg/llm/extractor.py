@@ -3,8 +3,9 @@
 
 Request economy:
 - statements: one request per chunk, all chunks of a partition in flight together;
-- validity ranges and triplets: `batch_size` statements per request (1 = one per statement,
-  as in the original design); cached per statement, so only uncached statements are sent;
+- validity ranges, triplets and figures: `batch_size` statements per request (1 = one per
+  statement, as in the original design); cached per statement, so only uncached statements
+  are sent (and for figures only statements holding a digit);
 - embeddings: one request per `embedding_batch_size` texts, cached per text;
 - the judge: one request per primary event covering all its uncached candidates (1:N).
 """
@@ -15,24 +16,29 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from tkg.companies import get_company
 from tkg.embeddings import normalise_rows
 from tkg.extraction.base import DocumentContext, StageStats
+from tkg.extraction.figures import segment_patterns
 from tkg.invalidation import EventView, JudgeCase, Verdict
 from tkg.llm.cache import ResponseCache, cache_key, normalise
 from tkg.llm.client import LLMClient, RequestFailed
 from tkg.llm.settings import LLMSettings
 from tkg.llm.wire import (
+    FiguresOut,
     InvalidOutput,
     JudgeOut,
     StatementsOut,
     TripletsOut,
     ValidityOut,
+    parse_figures,
     parse_statements,
     parse_triplets,
     parse_validity,
@@ -44,17 +50,23 @@ from tkg.models import (
     Chunk,
     EntityType,
     RawExtraction,
+    RawFigure,
+    RawFigureList,
     RawStatement,
     TemporalValidityRange,
 )
+from tkg.policy import describe_single_valued
 from tkg.prompts import render, template_sha256
 
 log = logging.getLogger(__name__)
+
+_DIGIT = re.compile(r"\d")
 
 TEMPLATES = {
     "statements": "statement_extraction.j2",
     "validity": "validity_extraction.j2",
     "triplets": "triplet_extraction.j2",
+    "figures": "figure_extraction.j2",
     "judge": "invalidation_judge.j2",
     "planner": "retrieval_planner.j2",
 }
@@ -153,7 +165,7 @@ class LLMExtractor(_Stages):
         self.cache.put(key, "statements", self.settings.model("statements"), [s.model_dump(mode="json") for s in statements])
         return statements
 
-    # -- validity ranges and triplets: batched, cached per statement ----------------------------
+    # -- validity ranges, triplets and figures: batched, cached per statement -------------------
 
     @staticmethod
     def _context_vars(context: DocumentContext) -> dict[str, object]:
@@ -192,6 +204,22 @@ class LLMExtractor(_Stages):
             entity_types=[t.value for t in EntityType],
         )
         return [results.get(i) or RawExtraction() for i in range(len(statements))]
+
+    def extract_figures(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[list[RawFigure]]:
+        """The figures of each statement, aligned with `statements`; a statement without an
+        answer (counted as unanswered in the stats) has none."""
+        # A statement without a digit states no figure: it gets [] here, with no request and no
+        # cache entry, which spares the requests for most of a call.
+        asked = [index for index, statement in enumerate(statements) if _DIGIT.search(statement.statement)]
+        segments = get_company(context.ticker).segments
+        patterns = segment_patterns(dict(segments))
+        results = self._per_statement(
+            "figures", [statements[i] for i in asked], context, FiguresOut,
+            lambda text, expected, stats: parse_figures(text, expected, stats, patterns), RawFigureList,
+            segments=[{"name": name, "aliases": list(aliases)} for name, aliases in segments],
+        )
+        figures = {asked[local]: answer.figures for local, answer in results.items()}
+        return [figures.get(i, []) for i in range(len(statements))]
 
     def _batched(self, stage: str, keys: list[str], batch, model_type) -> dict:
         """Cache lookups per statement, then the misses in batches of `batch_size`, all in
@@ -316,7 +344,7 @@ class LLMJudge(_Stages):
 
         async def ask(case_index: int, candidate_indices: list[int]) -> None:
             case = cases[case_index]
-            prompt = render(TEMPLATES["judge"], primary=self._view(case.primary),
+            prompt = render(TEMPLATES["judge"], primary=self._view(case.primary), single_valued=describe_single_valued(),
                             candidates=[self._view(case.candidates[c], local) for local, c in enumerate(candidate_indices)])
             try:
                 verdicts = await self.client.structured("judge", prompt, JudgeOut,

@@ -16,6 +16,7 @@ DEFAULT_MODELS = {
     "statements": "gpt-4.1-mini",
     "validity": "gpt-4.1-mini",
     "triplets": "gpt-4.1-mini",
+    "figures": "gpt-4.1-mini",
     "judge": "gpt-4.1-mini",
     "planner": "gpt-4.1",
 }
@@ -46,7 +47,7 @@ class LLMSettings:
     timeout_s: float = 120.0
     max_in_flight: int = 16
     max_attempts: int = 8
-    batch_size: int = 8  # statements per validity / triplet request; 1 = one request per statement
+    batch_size: int = 8  # statements per validity / triplet / figure request; 1 = one request per statement
     embedding_batch_size: int = 512
     prices: dict[str, tuple[float, float, float]] = field(default_factory=lambda: dict(DEFAULT_PRICES))
 
@@ -61,6 +62,14 @@ class LLMSettings:
             relevant["dimensions"] = self.embedding_dimensions
         if stage in VOCABULARY_STAGES:
             relevant["vocabulary"] = vocabulary_fingerprint()
+        if stage == "judge":
+            from tkg.policy import policy_fingerprint
+
+            relevant["policy"] = policy_fingerprint()
+        if stage == "figures":  # the prompt lists the company's segments, and answers are checked against them
+            from tkg.extraction.figures import segments_fingerprint
+
+            relevant["segments"] = segments_fingerprint()
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
     def cost_usd(self, model: str, input_tokens: int, cached_tokens: int, output_tokens: int) -> float:

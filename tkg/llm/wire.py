@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 from rapidfuzz import fuzz, process
 
 from tkg.extraction.base import StageStats
+from tkg.extraction.figures import Segment
 from tkg.models import (
     EntityType,
+    FigureKind,
+    FigureMetric,
     Predicate,
     RawEntity,
     RawExtraction,
+    RawFigure,
+    RawFigureList,
     RawStatement,
     RawTriplet,
     StatementType,
@@ -81,6 +87,29 @@ class TripletsOut(BaseModel):
     items: list[WireExtraction]
 
 
+class WireFigure(BaseModel):
+    metric: FigureMetric
+    segment: str | None
+    basis: Literal["GAAP", "non-GAAP"] | None
+    kind: FigureKind
+    fiscal_year: int
+    fiscal_quarter: int | None
+    value: float
+    low: float | None
+    high: float | None
+    unit: str
+    text: str
+
+
+class WireFigures(BaseModel):
+    index: int
+    figures: list[WireFigure]
+
+
+class FiguresOut(BaseModel):
+    items: list[WireFigures]
+
+
 class WireVerdict(BaseModel):
     candidate_index: int
     reason: str
@@ -103,6 +132,16 @@ def _load(text: str, key: str) -> list[Any]:
     return document[key]
 
 
+def _asked_items(text: str, expected: list[int], stats: StageStats, stage: str) -> Iterator[dict[str, Any]]:
+    """The items of a batched answer that answer a statement asked about (by `index`); any
+    other item is dropped and counted as `<stage>_unknown_index`."""
+    for item in _load(text, "items"):
+        if not isinstance(item, dict) or item.get("index") not in expected:
+            stats.drop(f"{stage}_unknown_index")
+            continue
+        yield item
+
+
 def parse_statements(text: str, stats: StageStats) -> list[RawStatement]:
     statements = []
     for item in _load(text, "statements"):
@@ -120,10 +159,7 @@ def parse_validity(text: str, expected: list[int], stats: StageStats) -> dict[in
     """Ranges by statement index. Unparseable dates become null; an end before the start is
     dropped (the start is more reliable); indices that were not asked for are ignored."""
     ranges: dict[int, TemporalValidityRange] = {}
-    for item in _load(text, "items"):
-        if not isinstance(item, dict) or item.get("index") not in expected:
-            stats.drop("validity_unknown_index")
-            continue
+    for item in _asked_items(text, expected, stats, "validity"):
         valid_at, invalid_at = (parse_datetime_utc(item.get(k)) for k in ("valid_at", "invalid_at"))
         for key, parsed in (("valid_at", valid_at), ("invalid_at", invalid_at)):
             if item.get(key) not in (None, "", "null") and parsed is None:
@@ -149,10 +185,7 @@ def repair_predicate(value: Any) -> Predicate | None:
 
 def parse_triplets(text: str, expected: list[int], stats: StageStats) -> dict[int, RawExtraction]:
     extractions: dict[int, RawExtraction] = {}
-    for item in _load(text, "items"):
-        if not isinstance(item, dict) or item.get("index") not in expected:
-            stats.drop("triplets_unknown_index")
-            continue
+    for item in _asked_items(text, expected, stats, "triplets"):
         entities = []
         for raw in item.get("entities") or []:
             try:
@@ -178,6 +211,38 @@ def parse_triplets(text: str, expected: list[int], stats: StageStats) -> dict[in
     return extractions
 
 
+def parse_figures(text: str, expected: list[int], stats: StageStats, segments: tuple[Segment, ...]
+                  ) -> dict[int, RawFigureList]:
+    """Figures by statement index. A figure that fails `RawFigure` validation (revenue in
+    percent, a quarter 5) is dropped and counted, never the whole answer; a segment is named as
+    the registry names it (`segments`), and a figure of a part of the business the registry
+    does not list, or a segment figure the vocabulary has no place for (a segment's margin),
+    is dropped and counted, as the offline rules leave it out."""
+    answers: dict[int, RawFigureList] = {}
+    for item in _asked_items(text, expected, stats, "figures"):
+        figures = []
+        for raw in item.get("figures") or []:
+            try:
+                figure = RawFigure.model_validate(raw)
+            except ValidationError:
+                stats.drop("figure_invalid")
+                continue
+            if figure.segment is not None:
+                name = next((s.name for s in segments if s.pattern.fullmatch(figure.segment.strip())), None)
+                if name is None:
+                    stats.drop("figure_segment_not_in_registry")
+                    continue
+                if figure.metric not in (FigureMetric.SEGMENT_REVENUE, FigureMetric.REVENUE_GROWTH):
+                    stats.drop("figure_segment_metric_not_in_vocabulary")
+                    continue
+                if name != figure.segment:
+                    stats.repair("segment_alias_mapped_to_registry_name")
+                    figure = figure.model_copy(update={"segment": name})
+            figures.append(figure)
+        answers[item["index"]] = RawFigureList(figures=figures)
+    return answers
+
+
 def parse_verdicts(text: str, count: int, stats: StageStats) -> dict[int, tuple[bool, str]]:
     verdicts: dict[int, tuple[bool, str]] = {}
     for item in _load(text, "verdicts"):
@@ -192,5 +257,5 @@ def parse_verdicts(text: str, count: int, stats: StageStats) -> dict[int, tuple[
     return verdicts
 
 
-__all__ = ["InvalidOutput", "StatementsOut", "ValidityOut", "TripletsOut", "JudgeOut",
-           "parse_statements", "parse_validity", "parse_triplets", "parse_verdicts", "repair_predicate"]
+__all__ = ["InvalidOutput", "StatementsOut", "ValidityOut", "TripletsOut", "FiguresOut", "JudgeOut",
+           "parse_statements", "parse_validity", "parse_triplets", "parse_figures", "parse_verdicts", "repair_predicate"]

@@ -1,10 +1,10 @@
 """Scripted structured outputs for the local OpenAI-compatible server.
 
-`PipelineResponder` answers tkg's four request kinds (statements, validity ranges, triplets,
-judge) with realistic, deterministic content, by reading the rendered prompt the way a model
-would: the excerpt, the numbered statements, the candidates. It produces what the offline
-rules would, so a test can compare the HTTP path with the offline path item for item. It
-stands in for the *model*, never for tkg's client, parsing, caching or batching.
+`PipelineResponder` answers tkg's five request kinds (statements, validity ranges, triplets,
+figures, judge) with realistic, deterministic content, by reading the rendered prompt the way
+a model would: the excerpt, the numbered statements, the candidates. It produces what the
+offline rules would, so a test can compare the HTTP path with the offline path item for
+item. It stands in for the *model*, never for tkg's client, parsing, caching or batching.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class PipelineResponder:
 
     def __call__(self, request: ParsedRequest) -> dict:
         handler = {"StatementsOut": self.statements, "ValidityOut": self.validity, "TripletsOut": self.triplets,
-                   "JudgeOut": self.verdicts}.get(request.schema_name or "")
+                   "FiguresOut": self.figures, "JudgeOut": self.verdicts}.get(request.schema_name or "")
         if handler is None:
             raise ValueError(f"no scripted answer for schema {request.schema_name!r}")
         with self._lock:
@@ -105,6 +105,13 @@ class PipelineResponder:
         numbered = self._numbered(text)
         extractions = self.rules.extract_triplets([s for _, s in numbered], context)
         return {"items": [{"index": index, **extraction.model_dump(mode="json")} for (index, _), extraction in zip(numbered, extractions)]}
+
+    def figures(self, text: str) -> dict:
+        context = _context(text)
+        numbered = self._numbered(text)
+        found = self.rules.extract_figures([s for _, s in numbered], context)
+        return {"items": [{"index": index, "figures": [f.model_dump(mode="json") for f in figures]}
+                          for (index, _), figures in zip(numbered, found)]}
 
     def verdicts(self, text: str) -> dict:
         primary_text, _, candidates_text = text.partition("Candidates:")

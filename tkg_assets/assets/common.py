@@ -59,7 +59,8 @@ def table_metadata(table: pa.Table, path: Path | None, counts: Counter | None = 
 
 
 SCHEMAS = {"transcripts": tables.TRANSCRIPTS, "chunks": tables.CHUNKS, "statements": tables.STATEMENTS,
-           "temporal_events": tables.EVENTS, "triplets": tables.TRIPLETS, "entities": tables.ENTITIES}
+           "temporal_events": tables.EVENTS, "triplets": tables.TRIPLETS, "figures": tables.FIGURES,
+           "entities": tables.ENTITIES}
 
 
 def definition_metadata(stage: str) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""Extraction: statements, their validity ranges (temporal events), triplets and entity mentions.
+"""Extraction: statements, their validity ranges (temporal events), triplets, financial figures and entity mentions.
 
 Each asset runs one stage of `tkg.stages` for its partition with the configured extractor
 (offline rules or an LLM); the stage reads the upstream Parquet and writes its own. A stage
@@ -38,10 +38,17 @@ def extraction_assets(partitions_def: dg.PartitionsDefinition, code_versions: di
         counted. It needs only the statements, so it runs in parallel with temporal_events."""
         return materialize_stage(context, "triplets", storage, extraction)
 
+    @extraction_asset("figures")
+    def figures(context: dg.AssetExecutionContext, storage: TkgStorage, extraction: ExtractionBackend) -> dg.MaterializeResult:
+        """Financial figures the company's people stated: reported results and guidance, with
+        metric, segment, basis, fiscal period and value in base units (the rows of the `metrics`
+        view). Run rates, FX headwinds, backlog, comparisons and long-term targets are left out."""
+        return materialize_stage(context, "figures", storage, extraction)
+
     @extraction_asset("entities")
     def entities(context: dg.AssetExecutionContext, storage: TkgStorage, extraction: ExtractionBackend) -> dg.MaterializeResult:
         """Entity mentions (every subject and object of a triplet) with type, description and a
         description embedding, ready for entity resolution."""
         return materialize_stage(context, "entities", storage, extraction)
 
-    return [statements, temporal_events, triplets, entities]
+    return [statements, temporal_events, triplets, figures, entities]

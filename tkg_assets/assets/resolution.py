@@ -34,7 +34,7 @@ def invalidation_asset(judge_code_version: str) -> dg.AssetsDefinition:
         group_name="resolution",
         kinds={"python", "duckdb", "parquet"},
         owners=OWNERS,
-        deps=["temporal_events", "triplets", "canonical_entities"],
+        deps=["temporal_events", "triplets", "figures", "canonical_entities"],
         code_version=judge_code_version,
         automation_condition=INVALIDATION_AUTOMATION,
     )

@@ -16,7 +16,7 @@ from tkg_assets.assets.common import OWNERS, column_schema
 from tkg_assets.automation import SQL_MODEL_AUTOMATION, WAREHOUSE_AUTOMATION
 from tkg_assets.instance import DUCKDB_POOL
 
-PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "entities",
+PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "figures", "entities",
                    "canonical_entities", "invalidated_events", "fact_relevance")
 
 

@@ -1,0 +1,236 @@
+"""Financial figures: the offline rules (amounts, periods, kinds, traps), revisions, and the
+`metrics` view on the bundled sample."""
+
+from __future__ import annotations
+
+import random
+from datetime import date, datetime, timezone
+
+import duckdb
+import pytest
+
+from tests.conftest import run_tkg
+from tkg import tables
+from tkg.extraction.base import DocumentContext
+from tkg.extraction.figures import figure_parser
+from tkg.revisions import revise_figures
+
+
+def _context(ticker: str, call: str, fiscal_quarter: str, fiscal_year_end_month: int) -> DocumentContext:
+    from tkg.companies import get_company
+
+    company = get_company(ticker)
+    day = date.fromisoformat(call)
+    return DocumentContext(ticker, company.name, company.aliases[0], "Earnings Call Transcript",
+                           datetime(day.year, day.month, day.day, 21, tzinfo=timezone.utc), fiscal_quarter, None, None,
+                           fiscal_year_end_month)
+
+
+MSFT_Q1_FY17 = _context("MSFT", "2016-10-20", "Q1 2017", 6)  # fiscal year ends in June
+NVDA_Q4_FY20 = _context("NVDA", "2020-02-13", "Q4 2020", 1)  # fiscal year ends in January
+INTC_Q2_16 = _context("INTC", "2016-07-20", "Q2 2016", 12)
+AAPL_Q4_FY18 = _context("AAPL", "2018-11-01", "Q4 2018", 9)
+
+
+def _figures(context: DocumentContext, sentence: str, prediction: bool = False) -> list[tuple]:
+    return [(f.metric.value, f.segment, f.basis, f.kind.value, f.fiscal_year, f.fiscal_quarter, f.value, f.low, f.high, f.unit)
+            for f in figure_parser(context).parse(sentence, prediction)]
+
+
+@pytest.mark.parametrize("context, sentence, expected", [
+    (INTC_Q2_16, "Revenue for the second quarter was $13.5 billion, up 3% year over year.",
+     [("revenue", None, None, "reported", 2016, 2, 13.5e9, None, None, "USD"),
+      ("revenue_growth", None, None, "reported", 2016, 2, 3.0, None, None, "percent")]),
+    # a range: midpoint with its ends; the scale of '$89 to $93 billion' applies to both
+    (AAPL_Q4_FY18, "We expect revenue to be between $89 billion and $93 billion.",
+     [("revenue", None, None, "guidance", 2019, 1, 91e9, 89e9, 93e9, "USD")]),
+    (AAPL_Q4_FY18, "We expect revenue of $89 to $93 billion.", [("revenue", None, None, "guidance", 2019, 1, 91e9, 89e9, 93e9, "USD")]),
+    # plus or minus a percentage of the amount
+    (MSFT_Q1_FY17, "We expect revenue of $10.5 billion plus or minus 5% next quarter.",
+     [("revenue", None, None, "guidance", 2017, 2, 10.5e9, 9.975e9, 11.025e9, "USD")]),
+    # a gross margin in percent with basis points around it
+    (MSFT_Q1_FY17, "We expect non-GAAP gross margin of 64% plus or minus 50 basis points.",
+     [("gross_margin", None, "non-GAAP", "guidance", 2017, 2, 64.0, 63.5, 64.5, "percent")]),
+    # two figures in two clauses, each with its own period on the June fiscal calendar
+    (MSFT_Q1_FY17, "We expect operating expenses between $7.85 billion and $7.95 billion in Q2, and we remain on path for "
+                   "full-year operating expense of $31.1 billion to $31.4 billion.",
+     [("operating_expenses", None, None, "guidance", 2017, 2, 7.9e9, 7.85e9, 7.95e9, "USD"),
+      ("operating_expenses", None, None, "guidance", 2017, None, 31.25e9, 31.1e9, 31.4e9, "USD")]),
+    # a segment in the registry, on NVIDIA's January fiscal calendar ('fiscal year '20')
+    (NVDA_Q4_FY20, "Full year fiscal year '20 data center revenue was a record $2.98 billion, up 2% from the prior year.",
+     [("segment_revenue", "Data Center", None, "reported", 2020, None, 2.98e9, None, None, "USD"),
+      ("revenue_growth", "Data Center", None, "reported", 2020, None, 2.0, None, None, "percent")]),
+    (_context("CSCO", "2019-11-13", "Q1 2020", 7), "Non-GAAP earnings per share is expected to range from $0.75 to $0.77.",
+     [("eps", None, "non-GAAP", "guidance", 2020, 2, 0.76, 0.75, 0.77, "USD/share")]),
+    (_context("ASML", "2016-10-19", "Q3 2016", 12), "For Q3, our net sales came in at EUR1.81 billion.",
+     [("revenue", None, None, "reported", 2016, 3, 1.81e9, None, None, "EUR")]),
+    (_context("AMD", "2020-04-28", "Q1 2020", 12), "Free cash flow was negative $120 million in the first quarter.",
+     [("free_cash_flow", None, None, "reported", 2020, 1, -1.2e8, None, None, "USD")]),
+    # '15.2% of revenue' after operating income is the operating margin
+    (INTC_Q2_16, "Operating expenses were $5.2 billion, and operating income was $1.3 billion, or 9.6% of revenue.",
+     [("operating_expenses", None, None, "reported", 2016, 2, 5.2e9, None, None, "USD"),
+      ("operating_income", None, None, "reported", 2016, 2, 1.3e9, None, None, "USD"),
+      ("operating_margin", None, None, "reported", 2016, 2, 9.6, None, None, "percent")]),
+    # after a fourth-quarter call, 'the full year' in an outlook is the new fiscal year
+    (AAPL_Q4_FY18, "For the full year, we expect capital expenditures of about $14 billion.",
+     [("capex", None, None, "guidance", 2019, None, 14e9, None, None, "USD")]),
+])
+def test_figures_amounts_periods_and_kinds(context, sentence, expected):
+    assert _figures(context, sentence) == expected
+
+
+@pytest.mark.parametrize("context, sentence, kept", [
+    # run rate
+    (MSFT_Q1_FY17, "Our commercial cloud annualized revenue run rate surpassed $14 billion.", []),
+    (MSFT_Q1_FY17, "Revenue reached a $14 billion commercial cloud run rate.", []),
+    # an FX headwind
+    (AAPL_Q4_FY18, "We expect almost $2 billion of foreign exchange headwinds on revenue next quarter.", []),
+    # contracted / backlog revenue
+    (_context("MSFT", "2019-07-18", "Q4 2019", 6), "Our contracted-not-recognized revenue was $91 billion, up 25% year-over-year.", []),
+    (MSFT_Q1_FY17, "Revenue in backlog was $3 billion at the end of the quarter.", []),
+    # prior-year and prior-outlook comparisons: only the level counts
+    (INTC_Q2_16, "Revenue was $13.5 billion, compared to $13.2 billion a year ago.", [13.5e9]),
+    (INTC_Q2_16, "Revenue was $13.5 billion, ahead of our outlook of $13.3 billion.", [13.5e9]),
+    (INTC_Q2_16, "For the full year, we now expect revenue of $58 billion, up from our prior outlook of $57 billion.", [58e9]),
+    # a long-term target
+    (INTC_Q2_16, "We expect revenue of $70 billion by 2021.", []),
+    (INTC_Q2_16, "Our long-term model calls for gross margin of 60%.", []),
+    # a change is not a level: 'by $0.5 billion to $11.5 billion'
+    (INTC_Q2_16, "We reduced capex guidance by $0.5 billion to $9.5 billion for the year.", [9.5e9]),
+    (INTC_Q2_16, "Operating income grew $900 million year-over-year.", []),
+    # a part of the total the registry does not name, and a percentage read as revenue
+    (INTC_Q2_16, "Data-centric revenue was $8 billion.", []),
+    (MSFT_Q1_FY17, "Revenue from emerging markets grew 12%.", []),
+    (_context("MSFT", "2018-07-19", "Q4 2018", 6), "FY2019 revenue guidance is 30%.", []),
+    # amounts of something else
+    (INTC_Q2_16, "We paid dividends of $1.2 billion and our revenue per share rose.", []),
+    (INTC_Q2_16, "In the last 12 months, revenue grew to $58 billion.", []),
+])
+def test_traps_are_not_figures_of_the_metric(context, sentence, kept):
+    """Issue 13: run rates, FX, backlog, comparisons, long-term targets, changes and parts of
+    the business are left out, or only the real level is kept."""
+    assert [figure[6] for figure in _figures(context, sentence) if figure[0] != "revenue_growth"] == kept
+
+
+def test_a_segment_named_before_the_clause_keeps_its_figure_out_of_the_total():
+    found = _figures(_context("MSFT", "2019-01-30", "Q2 2019", 6),
+                     "In Productivity and Business Processes, we expect revenue between $9.9 billion and $10.1 billion.")
+    assert found == [("segment_revenue", "Productivity and Business Processes", None, "guidance", 2019, 3, 10e9, 9.9e9, 10.1e9, "USD")]
+
+
+# --- revisions -----------------------------------------------------------------------------------
+
+
+def _row(figure_id: str, call: str, kind: str, value: float, low: float | None = None, high: float | None = None,
+         metric: str = "operating_expenses", quarter: int | None = None, basis: str | None = None) -> dict:
+    day = date.fromisoformat(call)
+    return {"figure_id": figure_id, "event_id": f"e-{figure_id}", "transcript_id": f"MSFT_{call}", "company": "MSFT",
+            "quarter": day, "call_date": day, "stated_at": datetime(day.year, day.month, day.day, tzinfo=timezone.utc),
+            "metric": metric, "segment": None, "basis": basis, "kind": kind, "fiscal_year": 2017, "fiscal_quarter": quarter,
+            "value": value, "low": low, "high": high, "unit": "USD", "amount_text": ""}
+
+
+# The Microsoft FY2017 operating-expense chain of the gold set, then the actual.
+CHAIN = [
+    _row("jul", "2016-07-19", "guidance", 31.25e9, 31.1e9, 31.4e9),
+    _row("oct", "2016-10-20", "guidance", 31.25e9, 31.1e9, 31.4e9),  # restated: retires nothing
+    _row("jan", "2017-01-26", "guidance", 33.2e9, 33.1e9, 33.3e9),
+    _row("apr", "2017-04-27", "guidance", 32.95e9, 32.9e9, 33.0e9),
+    _row("q4", "2017-07-20", "reported", 32.8e9),
+    _row("q2", "2016-10-20", "guidance", 7.9e9, 7.85e9, 7.95e9, quarter=2),  # another period: untouched by the chain
+]
+
+
+def _retired(rows: list[dict]) -> dict[str, tuple[str, str]]:
+    result = revise_figures(tables.to_table(rows, tables.FIGURES))
+    return {r["figure_id"]: (r["invalid_at"].date().isoformat(), r["invalidated_by_figure"])
+            for r in result.figure_invalidations.to_pylist()}
+
+
+def test_guidance_is_retired_by_the_next_different_value_and_by_the_actual():
+    assert _retired(CHAIN) == {"jul": ("2017-01-26", "jan"), "oct": ("2017-01-26", "jan"), "jan": ("2017-04-27", "apr"),
+                               "apr": ("2017-07-20", "q4")}
+
+
+def test_revisions_do_not_depend_on_the_order_figures_arrive_in():
+    expected = _retired(CHAIN)
+    for seed in range(5):
+        shuffled = CHAIN[:]
+        random.Random(seed).shuffle(shuffled)
+        assert _retired(shuffled) == expected
+
+
+def test_restating_the_same_value_and_a_different_basis_retire_nothing():
+    rows = [_row("a", "2016-07-19", "guidance", 5e9), _row("b", "2016-10-20", "guidance", 5e9),
+            _row("c", "2017-01-26", "guidance", 6e9, basis="non-GAAP")]
+    assert _retired(rows) == {}
+
+
+def test_an_event_is_retired_only_when_every_figure_it_states_is():
+    rows = [_row("fy", "2016-10-20", "guidance", 31.25e9, 31.1e9, 31.4e9), _row("q2", "2016-10-20", "guidance", 7.9e9, quarter=2),
+            _row("jan", "2017-01-26", "guidance", 33.2e9), _row("q2actual", "2017-01-26", "reported", 8.0e9, quarter=2),
+            _row("h1", "2016-10-20", "guidance", 15e9, quarter=3)]
+    rows[1]["event_id"] = rows[0]["event_id"]  # one sentence, two figures
+    result = revise_figures(tables.to_table(rows, tables.FIGURES))
+    assert set(result.retired_events) == {"e-fy"}
+    assert result.retired_events["e-fy"][0].date() == date(2017, 1, 26)
+    rows[4]["event_id"] = rows[0]["event_id"]  # a third figure, for Q3, still stands
+    assert revise_figures(tables.to_table(rows, tables.FIGURES)).retired_events == {}
+
+
+# --- the metrics view on the sample ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sample(sample_home):
+    connection = duckdb.connect(str(sample_home / "tkg.duckdb"), read_only=True)
+    yield connection
+    connection.close()
+
+
+def test_metrics_contract_columns(sample):
+    columns = [row[0] for row in sample.execute("DESCRIBE metrics").fetchall()]
+    assert columns[:17] == ["company", "metric", "segment", "basis", "kind", "fiscal_year", "fiscal_quarter", "value", "low", "high",
+                            "unit", "statement", "event_id", "call_date", "valid_at", "invalid_at", "invalidated_by"]
+
+
+def test_a_raised_outlook_leaves_no_old_figure_valid_in_any_form(sample):
+    """The sample's FY2024 guidance: $1.20 billion (Q4 2023 call, reaffirmed Q1 2024), raised to
+    $1.35 billion on 2024-08-06. Afterwards neither metrics nor facts hold $1.20 billion."""
+    def guided(as_of: str) -> set[float]:
+        return {v for (v,) in sample.execute(
+            "SELECT value FROM metrics_as_of(CAST(? AS TIMESTAMP)) WHERE company = 'HLIO' AND metric = 'revenue' "
+            "AND kind = 'guidance' AND fiscal_year = 2024 AND fiscal_quarter IS NULL", [as_of]).fetchall()}
+
+    assert guided("2024-06-01") == {1.2e9}
+    assert guided("2024-09-01") == {1.35e9}
+    stale = sample.execute("SELECT statement FROM facts_as_of(TIMESTAMP '2024-09-01') WHERE company = 'HLIO' "
+                           "AND value LIKE '%1.20 billion%'").fetchall()
+    assert stale == []
+    retired_by = sample.execute("SELECT DISTINCT e.statement FROM metrics m JOIN events e ON e.event_id = m.invalidated_by "
+                                "WHERE m.company = 'HLIO' AND m.value = 1.2e9").fetchall()
+    assert len(retired_by) == 1 and "1.35 billion" in retired_by[0][0]
+
+
+def test_quarterly_guidance_is_retired_when_the_actual_is_reported(sample):
+    rows = sample.execute("SELECT value, call_date, invalid_at::DATE, revision FROM metrics WHERE company = 'HLIO' "
+                          "AND metric = 'revenue' AND kind = 'guidance' AND fiscal_quarter = 1 AND fiscal_year = 2024").fetchall()
+    assert [(value, invalid_at) for value, _, invalid_at, _ in rows] == [(2.8e8, date(2024, 5, 7))]
+    assert "reported" in rows[0][3]
+    audit = sample.execute("SELECT count(*) FROM invalidation_judgments WHERE judge LIKE 'rules:figure-revisions%'").fetchone()[0]
+    assert audit == sample.execute("SELECT count(*) FROM raw.figure_invalidations").fetchone()[0] > 0
+
+
+def test_metrics_history_does_not_depend_on_build_order(tmp_path, sample_home):
+    """Build the sample's partitions newest first, one company at a time, and compare with an
+    all-at-once build: the same metrics, validity and revisions."""
+    def history(home) -> list[tuple]:
+        with duckdb.connect(str(home / "tkg.duckdb"), read_only=True) as connection:
+            return connection.execute("SELECT company, metric, segment, basis, kind, fiscal_year, fiscal_quarter, value, low, high, "
+                                      "call_date, valid_at, invalid_at, invalidated_by FROM metrics ORDER BY ALL").fetchall()
+
+    piecewise = tmp_path / "piecewise"
+    for company, since in (("QNTX", "2024-07-01"), ("HLIO", None), ("QNTX", None)):
+        run_tkg(piecewise, "build", "--company", company, *(("--since", since) if since else ()), check=True)
+    assert history(piecewise) == history(sample_home)
+    assert len(history(sample_home)) > 40
