@@ -5,6 +5,7 @@ stock DuckDB CLI on the published file."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -144,11 +145,12 @@ def _duckdb_cli() -> str | None:
 @pytest.mark.skipif(_duckdb_cli() is None, reason="the DuckDB CLI (PyPI package duckdb-cli, in the test extras) is not installed")
 def test_the_stock_duckdb_cli_opens_the_file_and_every_view_and_macro(sample_home):
     version = subprocess.run([_duckdb_cli(), "--version"], capture_output=True, text=True).stdout
-    macro_arguments = {"facts_as_of": "TIMESTAMP '2024-09-01'",
-                       "facts_known_as_of": "TIMESTAMP '2024-09-01', TIMESTAMP '2024-12-31'"}
     queries = []
     for model in load_models():
-        call = f"{model.name}({macro_arguments[model.name]})" if model.is_macro else model.name
+        call = model.name
+        if model.is_macro:  # every macro of the SQL surface takes timestamps: (ts) or (ts, known_at)
+            parameters = re.search(rf"MACRO\s+{model.name}\s*\(([^)]*)\)", model.sql, re.IGNORECASE)[1].split(",")
+            call += "(" + ", ".join("TIMESTAMP '2024-09-01'" for _ in parameters) + ")"
         queries.append(f"SELECT count(*) FROM {call};")
     completed = subprocess.run([_duckdb_cli(), "-readonly", str(sample_home / "tkg.duckdb"), "-csv", "-c", "".join(queries)],
                                capture_output=True, text=True, timeout=60)
