@@ -2,17 +2,48 @@
 
 from __future__ import annotations
 
-import dagster as dg
+import importlib
+import os
+import shutil
 
+import dagster as dg
+import yaml
+
+from tests.conftest import ROOT
+from tkg.checks import CHECKS
+from tkg.paths import sql_dir
 from tkg.warehouse import load_models
+from tkg_assets.assets.warehouse import _model_spec
 from tkg_assets.definitions import defs
 
 PIPELINE = ["transcripts", "chunks", "statements", "temporal_events", "triplets", "entities",
             "canonical_entities", "invalidated_events", "warehouse"]
 
 
-def test_definitions_load():
-    dg.Definitions.validate_loadable(defs)
+def test_the_workspace_module_loads_with_its_jobs_schedule_and_sensor():
+    """What `dagster dev -w workspace.yaml` loads: one Definitions that validates, whose jobs
+    split the graph into the partitioned stages and the global refresh, with the weekly
+    schedule and the automation sensor wired to them and every resource they use."""
+    location = yaml.safe_load((ROOT / "workspace.yaml").read_text())["load_from"][0]["python_module"]
+    loaded = importlib.import_module(location["module_name"]).defs
+    assert loaded is defs
+    dg.Definitions.validate_loadable(loaded)
+    graph = loaded.resolve_asset_graph()
+    partitioned = {key.to_user_string() for key in graph.get_all_asset_keys() if graph.get(key).is_partitioned}
+    unpartitioned = {key.to_user_string() for key in graph.get_all_asset_keys()} - partitioned
+
+    def selected(job: str) -> set[str]:
+        return {key.to_user_string() for key in loaded.resolve_job_def(job).asset_layer.executable_asset_keys}
+
+    assert {"transcripts", "statements", "triplets"} <= partitioned and {"warehouse", "sql/facts"} <= unpartitioned
+    assert selected("ingest_partition") == partitioned
+    assert selected("refresh_graph") == unpartitioned
+    assert loaded.resolve_schedule_def("weekly_new_transcripts").job_name == "ingest_partition"
+    automated = loaded.resolve_sensor_def("tkg_automation").asset_selection.resolve(graph)
+    assert {key.to_user_string() for key in automated} == unpartitioned
+    assert set(loaded.resources) == {"storage", "source", "extraction"}
+    checks = loaded.resolve_assets_def("warehouse").check_specs
+    assert {spec.name: spec.blocking for spec in checks} == {check.name: check.blocking for check in CHECKS}
 
 
 def test_every_stage_and_sql_model_is_an_asset_with_metadata():
@@ -61,7 +92,26 @@ def test_the_partition_space_follows_the_source():
         assert min(key.split("|")[1] for key in corpus.get_partition_keys()) == quarter_start(date(2016, 1, 1)).isoformat()
 
 
-def test_sql_model_code_version_is_the_hash_of_its_sql():
+def test_a_sql_model_code_version_changes_with_its_own_sql_only(tmp_path):
+    """Editing sql/facts.sql marks sql/facts changed in the UI (a new code version); the models
+    that read it keep theirs (Dagster reaches them through lineage), and a file touched without
+    a change, moved to another folder or joined by a non-SQL file changes nothing."""
     graph = defs.resolve_asset_graph()
-    for model in load_models():
-        assert graph.get(dg.AssetKey(["sql", model.name])).code_version == model.sha256[:16]
+    published = {model.name: graph.get(dg.AssetKey(["sql", model.name])).code_version for model in load_models()}
+    copy = tmp_path / "sql"
+    shutil.copytree(sql_dir(), copy)
+    (copy / "NOTES.md").write_text("not a model\n")
+    os.utime(copy / "facts.sql", (0, 0))
+
+    def versions() -> dict[str, str]:
+        return {model.name: _model_spec(model).code_version for model in load_models(copy)}
+
+    assert versions() == published
+    facts = copy / "facts.sql"
+    facts.write_text(facts.read_text().replace("WHERE r.archive_reason IS NULL", "WHERE r.archive_reason IS NULL AND t.value IS NOT NULL"))
+    edited = versions()
+    assert edited["facts"] != published["facts"]
+    assert {name: version for name, version in edited.items() if name != "facts"} == {
+        name: version for name, version in published.items() if name != "facts"}
+    readers_of_facts = {model.name for model in load_models(copy) if "facts" in model.depends_on}
+    assert {"officers", "facts_as_of"} <= readers_of_facts  # kept their versions above

@@ -7,6 +7,7 @@ import random
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pytest
 
 from tests.conftest import CORPUS, needs_corpus
 from tkg import tables
@@ -100,12 +101,51 @@ def test_earliest_retirement_wins_and_finished_events_only_move_earlier():
     assert "late" not in result
 
 
-def test_static_and_opinion_events_are_never_retired():
-    events, triplets = scenario(
-        ("q3", "Intel revenue for Q3 2016 was $15.8 billion.", "STATIC", "2016-07-01", None, ("Intel", "HAS_REVENUE", "Intel revenue Q3 2016", "$15.8 billion")),
-        ("q3b", "Intel revenue for Q3 2016 was $15.9 billion.", "STATIC", "2016-07-01", None, ("Intel", "HAS_REVENUE", "Intel revenue Q3 2016", "$15.9 billion")),
-    )
-    assert outcome(events, triplets) == {}
+def relabelled(events: pa.Table, event_id: str, **labels: str) -> pa.Table:
+    """`events` with one event's statement_type and/or temporal_type changed, all else kept."""
+    rows = events.to_pylist()
+    for row in rows:
+        if row["event_id"] == event_id:
+            row.update(labels)
+    return tables.to_table(rows, tables.EVENTS)
+
+
+# Intel's Q3 2016 revenue as first reported, then restated a call later: as DYNAMIC FACTs the
+# restatement retires the first figure (one value per metric and period).
+Q3_REVENUE = (
+    ("q3", "Intel revenue for Q3 2016 was $15.8 billion.", "DYNAMIC", "2016-10-18", None,
+     ("Intel", "HAS_REVENUE", "Intel revenue Q3 2016", "$15.8 billion")),
+    ("q3_restated", "Intel revenue for Q3 2016 was $15.9 billion.", "DYNAMIC", "2017-01-26", None,
+     ("Intel", "HAS_REVENUE", "Intel revenue Q3 2016", "$15.9 billion")),
+)
+
+
+@pytest.mark.parametrize("labels", [{"temporal_type": "STATIC"}, {"statement_type": "OPINION"}], ids=lambda labels: next(iter(labels.values())))
+def test_static_and_opinion_events_are_never_retired(labels):
+    events, triplets = scenario(*Q3_REVENUE)
+    assert outcome(events, triplets) == {"q3": ("2017-01-26", "q3_restated", "2017-01-26")}
+    assert outcome(relabelled(events, "q3", **labels), triplets) == {}
+
+
+# Stacy Smith's CFO office passing to Robert Swan: as DYNAMIC FACTs, Swan's statement retires Smith's.
+CFO_CHANGE = (
+    ("smith", "Stacy Smith is CFO of Intel Corporation.", "DYNAMIC", "2016-01-14", None, ("Stacy Smith", "HOLDS_ROLE", CFO, "CFO")),
+    ("swan", "Robert H. Swan is CFO of Intel Corporation.", "DYNAMIC", "2016-10-18", None, ("Robert H. Swan", "HOLDS_ROLE", CFO, "CFO")),
+)
+
+
+@pytest.mark.parametrize("event_id", ["smith", "swan"], ids=["as_the_older_event", "as_the_newer_event"])
+@pytest.mark.parametrize("labels", [{"statement_type": "OPINION"}, {"statement_type": "PREDICTION"}, {"temporal_type": "ATEMPORAL"}],
+                         ids=lambda labels: next(iter(labels.values())))
+def test_opinions_predictions_and_atemporal_statements_take_no_part_in_invalidation(labels, event_id):
+    """REFERENCE 1.8: only FACTs retire and get retired, and an ATEMPORAL statement never stops
+    being true. The same pair that retires as DYNAMIC FACTs retires nothing once either event
+    carries an excluded label, and is not even put to the judge (whose rules would retire it)."""
+    events, triplets = scenario(*CFO_CHANGE)
+    assert outcome(events, triplets) == {"smith": ("2016-10-18", "swan", "2016-10-18")}
+    result = invalidate(relabelled(events, event_id, **labels), triplets, RuleJudge())
+    assert result.event_invalidations.num_rows == 0
+    assert result.judgments.num_rows == 0 and result.counts["fact_events"] == 1
 
 
 def test_every_judgment_is_kept_with_its_reason():

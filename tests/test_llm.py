@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from tkg.llm.extractor import LLMExtractor, LLMJudge, OpenAIEmbedder, stage_fing
 from tkg.llm.settings import LLMSettings
 from tkg.models import RawStatement
 from tkg.parsing import parse_transcript
+from tkg.paths import prompts_dir
 from tkg.sources import load_source
 from tkg.testing.openai_server import OpenAICompatibleServer
 from tkg.testing.responders import PipelineResponder
@@ -209,6 +211,7 @@ from tkg.llm.extractor import LLMExtractor
 from tkg.llm.settings import LLMSettings
 from tkg.models import RawStatement
 from tkg.parsing import parse_transcript
+from tkg.paths import prompts_dir
 from tkg.sources import load_source
 row = next(r for r in load_source("sample").rows if r.company == "QNTX")
 transcript = parse_transcript(row, get_company("QNTX"))
@@ -245,11 +248,86 @@ def test_token_and_cost_accounting_match_the_provider(make, fresh, sample_call):
     assert summary["latency_p50_ms"] is not None and summary["requests"] == len(chunks)
 
 
-def test_code_version_follows_prompt_and_model():
+@pytest.fixture
+def prompts(tmp_path, monkeypatch):
+    """The prompt templates read from a copy a test may edit; `edited(name, old, new)` changes
+    one and makes the process read it afresh, as the next `tkg build` or `dagster dev` would."""
+    import tkg.prompts
+
+    copy = tmp_path / "prompts"
+    shutil.copytree(prompts_dir(), copy)
+
+    def read_afresh() -> None:
+        tkg.prompts._environment.cache_clear()
+        tkg.prompts.template_sha256.cache_clear()
+
+    def edited(name: str, old: str, new: str) -> None:
+        template = copy / name
+        assert old in template.read_text(), f"{old!r} is no longer in prompts/{name}"
+        template.write_text(template.read_text().replace(old, new))
+        read_afresh()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tkg.prompts, "prompts_dir", lambda: copy)
+        read_afresh()
+        yield edited
+    read_afresh()
+
+
+ANALYST = "You are a financial analyst who turns earnings-call excerpts into atomic statements"
+AUDITOR = "You are a careful auditor who turns earnings-call excerpts into atomic statements"
+
+
+def test_code_version_follows_prompt_and_model(prompts):
+    """Editing prompts/statement_extraction.j2 gives the statements stage a new code version and
+    leaves the other stages theirs; a new model does too, a new batch size does not."""
     base = LLMSettings()
+    before = {stage: stage_fingerprint(base, stage) for stage in ("statements", "validity", "triplets", "judge")}
+    prompts("statement_extraction.j2", ANALYST, AUDITOR)
+    after = {stage: stage_fingerprint(base, stage) for stage in before}
+    assert after["statements"] != before["statements"]
+    assert {stage: version for stage, version in after.items() if stage != "statements"} == {
+        stage: version for stage, version in before.items() if stage != "statements"}
     assert stage_fingerprint(base, "statements") != stage_fingerprint(replace(base, models={**base.models, "statements": "gpt-4.1"}), "statements")
-    assert stage_fingerprint(base, "statements") != stage_fingerprint(base, "triplets")
     assert stage_fingerprint(base, "validity") == stage_fingerprint(replace(base, batch_size=1), "validity")
+
+
+def test_requests_carry_the_prompt_template_as_edited(make, fresh, sample_call, prompts):
+    """What reaches the provider is the template's text: edit the instructions, then the input
+    block, of a copy, and each next request carries exactly that edit and nothing else changes.
+    An answer cached under the old prompt is not reused, even when only the instructions changed."""
+    context, chunks = sample_call
+    sent = []
+    responder = PipelineResponder()
+
+    def recording(request):
+        sent.append(request.body)
+        return responder(request)
+
+    def request_after(edit: tuple[str, str]) -> dict:
+        prompts("statement_extraction.j2", *edit)
+        sent.clear()
+        assert extractor.extract_statements(chunks[:1], context) == statements
+        (body,) = sent
+        return body
+
+    def without_prompt(body: dict) -> dict:
+        return {key: value for key, value in body.items() if key not in ("instructions", "input")}
+
+    fresh.set_responder(recording)
+    extractor, _, _ = make()
+    statements = extractor.extract_statements(chunks[:1], context)
+    (original,) = sent
+    assert original["instructions"].startswith(ANALYST)
+    assert original["input"].startswith("Document context:\n- main entity: Helio Robotics")
+
+    instructions_edited = request_after((ANALYST, AUDITOR))
+    assert instructions_edited["instructions"] == original["instructions"].replace(ANALYST, AUDITOR)
+    assert instructions_edited["input"] == original["input"]
+    input_edited = request_after(("Document context:", "About the call:"))
+    assert input_edited["instructions"] == instructions_edited["instructions"]
+    assert input_edited["input"] == original["input"].replace("Document context:", "About the call:")
+    assert without_prompt(input_edited) == without_prompt(instructions_edited) == without_prompt(original)
 
 
 def test_backend_follows_the_key_or_a_configured_server(monkeypatch):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+from collections import Counter
+from dataclasses import replace
+
 import duckdb
 import pytest
 
@@ -61,32 +65,54 @@ def test_bitemporal_known_as_of(sample_home):
         assert current == [("Elena Vasquez",)]
 
 
+def facts_count(connection) -> int:
+    return connection.execute("SELECT count(*) FROM facts").fetchone()[0]
+
+
 def test_publish_swaps_atomically_under_a_reader(sample_home, tmp_path):
+    """A reader keeps the file it opened while a publish with different data swaps in; a new
+    reader sees the new file."""
     target = tmp_path / "tkg.duckdb"
-    store = ParquetStore(sample_home)
-    publish(store, target)
+    publish(ParquetStore(sample_home), target)
+    # the next build has lost one call: its transcript is gone, and with it the call's facts
+    smaller = tmp_path / "smaller"
+    shutil.copytree(sample_home / "parquet", smaller / "parquet")
+    shutil.rmtree(smaller / "parquet" / "transcripts" / "company=QNTX" / "quarter=2024-10-01")
     reader = duckdb.connect(str(target), read_only=True)
     try:
-        before = reader.execute("SELECT count(*) FROM facts").fetchone()[0]
-        publish(store, target)  # a reader holds the old file open: the publish must neither block nor fail
-        assert reader.execute("SELECT count(*) FROM facts").fetchone()[0] == before  # still its snapshot
+        before = facts_count(reader)
+        publish(ParquetStore(smaller), target)  # a reader holds the old file open: the publish must neither block nor fail
+        assert facts_count(reader) == before  # still its snapshot
     finally:
         reader.close()
     with duckdb.connect(str(target), read_only=True) as fresh:
-        assert fresh.execute("SELECT count(*) FROM facts").fetchone()[0] == before
+        after = facts_count(fresh)
+        assert 0 < after < before
+        assert fresh.execute("SELECT count(*) FROM transcripts WHERE transcript_id LIKE 'QNTX_202410%'").fetchone()[0] == 0
     assert not list(tmp_path.glob(".tkg.duckdb.*")), "no temporary files are left behind"
 
 
 def test_changed_model_is_reapplied(sample_home, tmp_path):
+    """A model whose SQL changed is re-created in the published file: the view answers with
+    the new SQL, and the file records the new SQL's hash."""
     target = tmp_path / "tkg.duckdb"
     publish(ParquetStore(sample_home), target)
     officers = model("officers")
     assert applied_sha256(target, officers) == officers.sha256
-    edited = officers.__class__(**{**officers.__dict__, "sql": officers.sql.replace("WHERE predicate", "WHERE true AND predicate")})
-    assert applied_sha256(target, edited) != edited.sha256
-    reapply_model(target, edited)
-    assert applied_sha256(target, edited) == edited.sha256
-    assert describe_model(target, edited).row_count == describe_model(target, officers).row_count > 0
+
+    def roles() -> Counter:
+        with duckdb.connect(str(target), read_only=True) as connection:
+            return Counter(role for (role,) in connection.execute("SELECT role FROM officers").fetchall())
+
+    before = roles()
+    assert before["CFO"] > 0 and set(before) - {"CFO"}
+    cfo_only = replace(officers, sql=officers.sql.replace("WHERE predicate = 'HOLDS_ROLE'",
+                                                          "WHERE predicate = 'HOLDS_ROLE' AND object LIKE 'CFO of %'"))
+    assert cfo_only.sql != officers.sql and applied_sha256(target, cfo_only) != cfo_only.sha256
+    reapply_model(target, cfo_only)
+    assert roles() == Counter({"CFO": before["CFO"]})
+    assert applied_sha256(target, cfo_only) == cfo_only.sha256
+    assert describe_model(target, cfo_only).row_count == before["CFO"]
 
 
 def test_models_are_ordered_by_their_dependencies():
