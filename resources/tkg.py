@@ -15,18 +15,39 @@ from tkg.invalidation import Judge
 from tkg.llm.settings import LLMSettings
 from tkg.sources import LoadedSource, describe, load_source
 from tkg.stages import Components
-from tkg.store import ParquetStore
+from tkg.store import ParquetStore, download, upload
 
 
 class TkgStorage(dg.ConfigurableResource):
-    """The Parquet tree (system of record) and the published DuckDB file."""
+    """The Parquet tree (system of record) and the published DuckDB file.
+
+    On one machine everything sits under `home`. Past one machine, `storage` puts the Parquet
+    system of record in an object store (s3://bucket/prefix, credentials and AWS_ENDPOINT_URL
+    from the standard AWS variables), and `duckdb_upload` shares each published file, so that
+    workers with separate disks build one graph."""
 
     home: str = Field(default_factory=default_home, description="Folder for Parquet files, caches and tkg.duckdb (TKG_HOME)")
     duckdb_path: str | None = Field(None, description="Published DuckDB file; defaults to <home>/tkg.duckdb (TKG_DUCKDB)")
+    storage: str | None = Field(default_factory=lambda: os.environ.get("TKG_STORAGE") or None,
+                                description="Root of the Parquet system of record: a folder or s3://bucket/prefix; "
+                                            "defaults to <home>/parquet (TKG_STORAGE)")
+    duckdb_upload: str | None = Field(default_factory=lambda: os.environ.get("TKG_DUCKDB_UPLOAD") or None,
+                                      description="s3://bucket/key the published DuckDB file is uploaded to after each "
+                                                  "publish, and fetched from by steps on other machines (TKG_DUCKDB_UPLOAD)")
 
     @property
     def store(self) -> ParquetStore:
-        return ParquetStore(self.home)
+        return ParquetStore(self.home, self.storage)
+
+    def share_warehouse(self) -> None:
+        """Upload the published file, when an upload target is configured."""
+        if self.duckdb_upload:
+            upload(self.warehouse_path, self.duckdb_upload)
+
+    def fetch_warehouse(self) -> None:
+        """Replace the local copy with the shared one (another machine may have published it)."""
+        if self.duckdb_upload:
+            download(self.duckdb_upload, self.warehouse_path)
 
     @property
     def warehouse_path(self) -> Path:
@@ -66,6 +87,9 @@ class ExtractionBackend(dg.ConfigurableResource):
     batch_size: int | None = Field(None, description="statements per validity/triplet/figure request (TKG_BATCH_SIZE)")
     max_in_flight: int | None = Field(None, description="requests in flight at most (TKG_MAX_IN_FLIGHT)")
     service_tier: str | None = Field(None, description="e.g. flex (TKG_SERVICE_TIER)")
+    cache: str | None = Field(None, description="A shared response cache: postgresql://user:password@host/db; unset, a "
+                                                "SQLite file under <home>/cache (TKG_CACHE). Set it from an EnvVar: it "
+                                                "may hold a password")
     home: str = Field(default_factory=default_home, description="where the response cache lives (<home>/cache)")
     allow_partial: bool = Field(
         default_factory=allow_partial_from_env,

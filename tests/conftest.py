@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# PostgreSQL, Redis and S3 servers for the tests marked `services` (tests/services.py).
+from tests.services import postgres_server, redis_server, s3_server  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("TKG_SHARED", ROOT.parent / "shared"))
 CORPUS = SHARED / "data" / "earnings_calls" / "transcripts.parquet"
@@ -28,8 +31,11 @@ def gold_cases(kind: str) -> list[dict]:
 @pytest.fixture(autouse=True)
 def _isolated_environment(tmp_path, monkeypatch):
     """No test reads the developer's TKG_*/OPENAI settings or writes into the repository."""
-    for name in ("TKG_HOME", "TKG_SOURCE", "TKG_DUCKDB", "TKG_LLM", "TKG_EMBEDDINGS", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+    for name in ("TKG_HOME", "TKG_SOURCE", "TKG_DUCKDB", "TKG_LLM", "TKG_EMBEDDINGS", "OPENAI_API_KEY", "OPENAI_BASE_URL",
+                 "TKG_STORAGE", "TKG_CACHE", "TKG_DUCKDB_UPLOAD"):
         monkeypatch.delenv(name, raising=False)
+    for name in [name for name in os.environ if name.startswith("AWS_")]:  # no test talks to a real cloud
+        monkeypatch.delenv(name)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     (tmp_path / "dagster_home").mkdir(exist_ok=True)
 

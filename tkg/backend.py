@@ -22,7 +22,7 @@ from tkg.state import judge_code_version, stage_code_versions
 
 # The fields a worker process needs to build the same components (the key is not one of them:
 # workers read OPENAI_API_KEY from the environment they inherit).
-EXPLICIT_FIELDS = ("backend", "embeddings", "base_url", "api_mode", "batch_size", "max_in_flight", "service_tier")
+EXPLICIT_FIELDS = ("backend", "embeddings", "base_url", "api_mode", "batch_size", "max_in_flight", "service_tier", "cache")
 
 
 def default_home() -> str:
@@ -43,6 +43,7 @@ class Backend:
     batch_size: int | None = None
     max_in_flight: int | None = None
     service_tier: str | None = None
+    cache: str | None = field(default=None, repr=False)  # postgresql://... (TKG_CACHE); may hold a password
     home: str = field(default_factory=default_home)
     allow_partial: bool = field(default_factory=allow_partial_from_env)
 
@@ -58,9 +59,11 @@ class Backend:
         return choose_embeddings(self.embeddings, self.resolved_backend())
 
     def _llm(self):
-        from tkg.llm.extractor import open_cache, shared_client
+        from tkg.llm.cache import open_cache
+        from tkg.llm.extractor import shared_client
 
-        return shared_client(self.llm_settings(), self.api_key or os.environ.get("OPENAI_API_KEY")), open_cache(self.home)
+        return (shared_client(self.llm_settings(), self.api_key or os.environ.get("OPENAI_API_KEY")),
+                open_cache(self.home, self.cache))
 
     def extractor(self) -> Extractor:
         if self.resolved_backend() == "offline":
@@ -131,4 +134,4 @@ class Backend:
         return judge_code_version(f"llm:{self.llm_settings().model('judge')}", self._fingerprint()("judge"))
 
     def as_fields(self) -> dict[str, object]:
-        return {key: value for key, value in asdict(self).items() if key != "api_key"}
+        return {key: value for key, value in asdict(self).items() if key not in ("api_key", "cache")}

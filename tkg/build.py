@@ -38,7 +38,7 @@ from tkg.state import (
     warehouse_inputs,
 )
 from tkg.store import ParquetStore
-from tkg.versions import Stamp, read_stamp, stamped
+from tkg.versions import Stamp, stamped
 from tkg.warehouse import PublishResult, publish
 
 # --- global stages ---------------------------------------------------------------------------
@@ -49,7 +49,7 @@ def run_canonical_entities(store: ParquetStore) -> Resolution:
     no longer name an entity (kept, with `merged_into`), never names or ids of live entities."""
     versions = consistent_versions(store)
     registry = store.global_path("canonical_entities")
-    previous = store.read(registry) if registry.exists() else None
+    previous = store.read(registry) if store.is_file(registry) else None
     resolution = resolve_entities(store.read_all("entities", tables.ENTITIES), previous)
     stamp = Stamp("canonical_entities", RESOLUTION_VERSION, global_inputs(versions, {})["canonical_entities"])
     store.write(store.global_path("canonical_entities", "entity_resolution"), stamped(resolution.mapping, stamp))
@@ -61,7 +61,7 @@ def run_canonical_entities(store: ParquetStore) -> Resolution:
 def run_invalidation(store: ParquetStore, judge: Judge, allow_partial: bool = False) -> InvalidationResult:
     versions = consistent_versions(store)
     mapping_path = store.global_path("canonical_entities", "entity_resolution")
-    resolution_stamp = read_stamp(mapping_path)
+    resolution_stamp = store.stamp(mapping_path)
     if resolution_stamp is None:
         raise FileNotFoundError("canonical_entities has not been materialised yet; materialise it before invalidated_events")
     if resolution_stamp.inputs != global_inputs(versions, {})["canonical_entities"]:
@@ -152,14 +152,14 @@ def run_partition(store: ParquetStore, company: str, quarter: date, source: Load
     return build_partition(store, (company, quarter), set(PARTITIONED_STAGES), components, source.rows_for(company, quarter))
 
 
-def _offline_partition(job: tuple[str, str, str, date]) -> dict[str, int]:
+def _offline_partition(job: tuple[str, str, str, str, date]) -> dict[str, int]:
     """Worker-process entry: one partition with the offline extractor and embedder."""
     from tkg.extraction.offline import OfflineExtractor
     from tkg.sources import load_source
 
-    root, source_name, company, quarter = job
+    root, storage, source_name, company, quarter = job
     components = Components(OfflineExtractor(), WordLlamaEmbedder())
-    results = run_partition(ParquetStore(root), company, quarter, load_source(source_name), components)
+    results = run_partition(ParquetStore(root, storage), company, quarter, load_source(source_name), components)
     return {f"{stage}_rows": result.table.num_rows for stage, result in results.items()}
 
 
@@ -168,7 +168,7 @@ def build_partitions_offline(store: ParquetStore, source_name: str, partitions: 
     from concurrent.futures import ProcessPoolExecutor
 
     counts: Counter = Counter()
-    jobs = [(str(store.root), source_name, company, quarter) for company, quarter in partitions]
+    jobs = [(str(store.root), store.uri, source_name, company, quarter) for company, quarter in partitions]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for partition_counts in pool.map(_offline_partition, jobs):
             counts.update(partition_counts)

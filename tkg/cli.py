@@ -188,7 +188,7 @@ def _build(where: Context, source: str, wanted: set[str], first: date | None, la
            force: bool, allow_partial: bool) -> None:
     from tkg.runner import prestart, spec_for
     from tkg.sources import describe
-    from tkg.store import remove_orphaned_temporaries
+    from tkg.store import remove_orphaned_temporaries, storage_uri
 
     removed = remove_orphaned_temporaries(where.home)
     if removed:
@@ -218,7 +218,7 @@ def _build(where: Context, source: str, wanted: set[str], first: date | None, la
     workers = min(workers or auto_workers(plan, loaded, backend), max(1, len(plan.work)))
     report.workers = workers
     if plan.work:  # the workers start up while Dagster does
-        prestart(spec_for(backend, source, workers, _log_level()), workers)
+        prestart(spec_for(backend, source, workers, _log_level(), storage_uri(where.home)), workers)
     try:
         defs, instance = _dagster(where, *_resources(where, source, backend))
         report.mark("dagster_setup")
@@ -518,9 +518,9 @@ def remove(
     with _exclusive(where):
         retired_by_it = _retired_by(where.warehouse, *partition)
         for stage in PARTITIONED_STAGES:
-            store.partition_path(stage, *partition).unlink(missing_ok=True)
-        for path in (store.parquet_root / "llm_calls").glob(f"*/company={partition[0]}/quarter={partition[1].isoformat()}/*.parquet"):
-            path.unlink()
+            store.delete(store.partition_path(stage, *partition))
+        for path in store.files(f"llm_calls/*/company={partition[0]}/quarter={partition[1].isoformat()}/*.parquet"):
+            store.delete(path)
         console.print(f"removed {key}")
         _, _, backend, _ = _plan(where, source)
         # Dagster's SQLite event log cannot forget one partition's materialisations

@@ -38,6 +38,7 @@ class BackendSpec:
     extraction: dict[str, Any]  # the ExtractionBackend fields that were set
     allow_partial: bool = False
     log_level: str = "WARNING"  # of tkg's loggers in the workers
+    storage: str | None = None  # the Parquet store's URI (TKG_STORAGE); None: <home>/parquet
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,13 @@ class PartitionOutcome:
         return f"{self.task.company}|{self.task.quarter.isoformat()}"
 
 
-def spec_for(backend, source: str, workers: int, log_level: str = "WARNING") -> BackendSpec:
+def spec_for(backend, source: str, workers: int, log_level: str = "WARNING", storage: str | None = None) -> BackendSpec:
     """What workers build with, from a `tkg.backend.Backend`: the request limit is per process,
     so it is split between the workers, which together keep to it."""
     fields = backend.explicit_fields()
     fields["max_in_flight"] = max(1, backend.llm_settings().max_in_flight // max(1, workers))
     return BackendSpec(home=backend.home, source=source, extraction=fields, allow_partial=backend.allow_partial,
-                       log_level=log_level)
+                       log_level=log_level, storage=storage)
 
 
 def report_of(stage: str, result) -> StageReport:
@@ -121,7 +122,7 @@ def build_one(spec: BackendSpec, task: PartitionTask) -> PartitionOutcome:
     outcome = PartitionOutcome(task)
     try:
         rows = load_source(spec.source).rows_for(task.company, task.quarter)
-        results = build_partition(ParquetStore(spec.home), (task.company, task.quarter), set(task.stages),
+        results = build_partition(ParquetStore(spec.home, spec.storage), (task.company, task.quarter), set(task.stages),
                                   _components(spec), rows)
         outcome.reports = [report_of(stage, result) for stage, result in results.items()]
     except StageIncomplete as error:

@@ -35,7 +35,7 @@ from tkg.pipeline import StageResult
 from tkg.sources import LoadedSource
 from tkg.state import PARTITIONED_STAGES, STAGE_INPUTS, downstream_of, source_inputs, stage_code_versions
 from tkg.store import ParquetStore
-from tkg.versions import Stamp, read_stamp, stamped
+from tkg.versions import Stamp, stamped
 
 # The counters (StageStats names) each stage's LLM work is accounted under.
 STAGE_STATS = {"statements": ("statements",), "temporal_events": ("validity", "embeddings"),
@@ -161,9 +161,9 @@ def compute_stage(stage: str, partition: Partition, inputs: dict[str, pa.Table],
 
 def read_partition(store: ParquetStore, asset: str, company: str, quarter: date) -> pa.Table:
     path = store.partition_path(asset, company, quarter)
-    if not path.exists():
+    if not store.is_file(path):
         raise FileNotFoundError(
-            f"{asset} for partition {key_of(company, quarter)} has not been materialised ({path}); "
+            f"{asset} for partition {key_of(company, quarter)} has not been materialised ({store.display(path)}); "
             f"materialise `{asset}` for this partition first"
         )
     return store.read(path)
@@ -212,13 +212,13 @@ def run_stage(store: ParquetStore, stage: str, company: str, quarter: date, comp
     What a Dagster asset does."""
     partition = (company, quarter)
     inputs = {upstream: read_partition(store, upstream, company, quarter) for upstream in STAGE_INPUTS[stage]}
-    stamps = {upstream: read_stamp(store.partition_path(upstream, company, quarter)) for upstream in STAGE_INPUTS[stage]}
+    stamps = {upstream: store.stamp(store.partition_path(upstream, company, quarter)) for upstream in STAGE_INPUTS[stage]}
     rows = None
     if stage == "transcripts":
         if source is None:
             raise ValueError("the transcripts stage needs the transcript source")
         held = source.problem_partitions().get(partition)
-        if held and store.partition_path("transcripts", company, quarter).exists():
+        if held and store.is_file(store.partition_path("transcripts", company, quarter)):
             raise StageIncomplete("transcripts", partition, "a source row of this partition cannot be read ("
                                   + "; ".join(map(str, held)) + "); fix the row to rebuild it")
         rows = source.rows_for(company, quarter)
@@ -251,7 +251,7 @@ def build_partition(store: ParquetStore, partition: Partition, stages: set[str],
     def table(stage: str) -> pa.Table:
         if stage not in tables_:
             tables_[stage] = read_partition(store, stage, company, quarter)
-            stamps[stage] = read_stamp(store.partition_path(stage, company, quarter))
+            stamps[stage] = store.stamp(store.partition_path(stage, company, quarter))
         return tables_[stage]
 
     def one(stage: str) -> StageResult:

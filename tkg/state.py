@@ -19,7 +19,7 @@ from tkg.parsing import SourceRow
 from tkg.partitions import Partition, key_of, parse_key, sort_key
 from tkg.sources import rows_fingerprint
 from tkg.store import ParquetStore
-from tkg.versions import Stamp, combine, read_stamp
+from tkg.versions import Stamp, combine
 
 PARTITIONED_STAGES = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "figures", "entities")
 GLOBAL_STAGES = ("canonical_entities", "invalidated_events", "warehouse")
@@ -91,7 +91,7 @@ def stored_partitions(store: ParquetStore) -> list[Partition]:
     """Every partition with at least one stage file in the store."""
     found = set()
     for stage in PARTITIONED_STAGES:
-        for path in (store.parquet_root / stage).glob(f"company=*/quarter=*/{stage}.parquet"):
+        for path in store.partition_files(stage):
             folder = path.parent
             try:
                 found.add(parse_key(f"{folder.parent.name.removeprefix('company=')}|{folder.name.removeprefix('quarter=')}"))
@@ -101,7 +101,7 @@ def stored_partitions(store: ParquetStore) -> list[Partition]:
 
 
 def partition_stamps(store: ParquetStore, partition: Partition) -> dict[str, Stamp | None]:
-    return {stage: read_stamp(store.partition_path(stage, *partition)) for stage in PARTITIONED_STAGES}
+    return {stage: store.stamp(store.partition_path(stage, *partition)) for stage in PARTITIONED_STAGES}
 
 
 def half_built(stamps: dict[str, Stamp | None]) -> str | None:
@@ -170,9 +170,9 @@ def global_code_versions(judge_version: str) -> dict[str, str]:
 
 
 def global_stamps(store: ParquetStore) -> dict[str, Stamp | None]:
-    return {"canonical_entities": read_stamp(store.global_path("canonical_entities")),
-            "invalidated_events": read_stamp(store.global_path("invalidated_events", "event_invalidations")),
-            "fact_relevance": read_stamp(store.global_path("fact_relevance"))}
+    return {"canonical_entities": store.stamp(store.global_path("canonical_entities")),
+            "invalidated_events": store.stamp(store.global_path("invalidated_events", "event_invalidations")),
+            "fact_relevance": store.stamp(store.global_path("fact_relevance"))}
 
 
 def warehouse_inputs(versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None]) -> dict[str, str]:

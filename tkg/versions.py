@@ -84,14 +84,21 @@ def read_stamp(path: Path) -> Stamp | None:
     strings; anything unexpected falls back to a full schema read."""
     try:
         with open(path, "rb") as handle:
-            footer = _footer(handle)
+            return read_stamp_from(handle)
     except FileNotFoundError:
         return None
+
+
+def read_stamp_from(handle) -> Stamp | None:
+    """The stamp of the Parquet file open in `handle` (seekable, binary: a local file or a
+    pyarrow input stream from an object store)."""
+    footer = _footer(handle)
     if footer is not None:
         stamp = _stamp_in_footer(footer)
         if stamp is not None:
             return stamp
-    return stamp_of_schema(pq.read_schema(path))
+    handle.seek(0)
+    return stamp_of_schema(pq.read_schema(handle))
 
 
 def _footer(handle) -> bytes | None:

@@ -125,14 +125,15 @@ def load_models(directory: Path | None = None) -> list[SqlModel]:
 
 def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable) -> int:
     if raw.pattern:
-        files = sorted(str(p) for p in store.parquet_root.glob(raw.pattern))
+        files = store.files(raw.pattern)
     elif raw.file:
         path = store.global_path(raw.asset, raw.file)
-        files = [str(path)] if path.exists() else []
+        files = [path] if store.is_file(path) else []
     else:
-        files = sorted(str(p) for p in (store.parquet_root / raw.asset).glob(f"company=*/quarter=*/{raw.asset}.parquet"))
+        files = store.partition_files(raw.asset)
     if files:
-        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM read_parquet(?, union_by_name = true)", [files])
+        source = store.relation(connection, files)  # noqa: F841 (read by name in the SQL below)
+        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM source")
     else:
         empty = raw.schema.empty_table()
         connection.register("empty_source", empty)

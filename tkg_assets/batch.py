@@ -42,7 +42,7 @@ def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToB
         tasks.append(PartitionTask(company, quarter, tuple(stages), config.reasons.get(key, "")))
     context.log.info(f"building {len(tasks)} partition(s) with {config.workers} worker(s); {extraction.describe()}")
     failed: list[PartitionOutcome] = []
-    spec = spec_for(extraction.plain(), source.source, config.workers, config.log_level)
+    spec = spec_for(extraction.plain(), source.source, config.workers, config.log_level, storage.store.uri)
     for outcome in run_partitions(spec, tasks, config.workers):
         for observer in observers:
             observer(outcome)

@@ -19,7 +19,6 @@ import logging
 import re
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -377,6 +376,3 @@ class LLMJudge(_Stages):
             result.append(row)
         return result
 
-
-def open_cache(home: str | Path) -> ResponseCache:
-    return ResponseCache(Path(home) / "cache" / "llm_responses.sqlite")

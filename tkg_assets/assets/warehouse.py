@@ -55,6 +55,7 @@ def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage, extraction
                                                       passed=result.passed, severity=evaluation.severity,
                                                       metadata=evaluation.metadata))
         raise dg.Failure(description=str(failure)) from None
+    storage.share_warehouse()
     metadata = {"path": dg.MetadataValue.path(str(published.path)), "size_bytes": published.size_bytes,
                 "raw_rows": dg.MetadataValue.json(published.raw_rows), "models": ", ".join(published.models)}
     growth = _growth_markdown(context, published.path)
@@ -111,14 +112,17 @@ def sql_models(context: dg.AssetExecutionContext, storage: TkgStorage):
     re-applies its SQL if the file changed since the publish, and reports its row count and
     column schema."""
     target = storage.warehouse_path
+    storage.fetch_warehouse()
     if not target.exists():
         raise FileNotFoundError(f"{target} does not exist; materialise `warehouse` first")
     selected = [model for model in MODELS if dg.AssetKey(["sql", model.name]) in context.selected_asset_keys]
     applied = applied_sha256s(target)
-    for model in selected:  # dependency order
-        if applied.get(model.name) != model.sha256:
-            context.log.info(f"sql/{model.name}.sql changed since the last publish; re-applying it")
-            reapply_model(target, model)
+    changed = [model for model in selected if applied.get(model.name) != model.sha256]
+    for model in changed:  # dependency order
+        context.log.info(f"sql/{model.name}.sql changed since the last publish; re-applying it")
+        reapply_model(target, model)
+    if changed:
+        storage.share_warehouse()
     descriptions = describe_models(target, selected)
     for model in selected:
         key, description = dg.AssetKey(["sql", model.name]), descriptions[model.name]
