@@ -72,9 +72,18 @@ BREAKAGES = (
     Breakage("no_orphans", "triplet_without_event",
              "DELETE FROM raw.events WHERE event_id IN (SELECT min(event_id) FROM raw.triplets)", r"^triplet \w+ has no event$"),
     # Provenance: every statement points at the chunk (and so the offsets in the transcript) it came from.
-    Breakage("no_orphans", "statement_without_chunk",
+    Breakage("statements_have_provenance", "statement_without_chunk",
              "UPDATE raw.statements SET chunk_id = 'no such chunk' WHERE statement_id IN (SELECT min(statement_id) FROM raw.statements)",
              r"^statement \w+ has no chunk$"),
+    Breakage("statements_have_provenance", "statement_in_another_calls_chunk",
+             "UPDATE raw.statements SET chunk_id = (SELECT max(chunk_id) FROM raw.chunks WHERE transcript_id <> "
+             "(SELECT min(transcript_id) FROM raw.statements)) WHERE statement_id IN (SELECT min(statement_id) FROM raw.statements "
+             "WHERE transcript_id = (SELECT min(transcript_id) FROM raw.statements))", r" of another call$"),
+    Breakage("statements_have_provenance", "empty_statement",
+             "UPDATE raw.statements SET statement = '  ' WHERE statement_id IN (SELECT min(statement_id) FROM raw.statements)",
+             r"^statement \w+ has no text$"),
+    Breakage("no_orphans", "figure_without_event",
+             "DELETE FROM raw.events WHERE event_id IN (SELECT min(event_id) FROM raw.figures)", r"^figure \w+ has no event$"),
     Breakage("retirements_are_complete", "retired_without_expiry",
              "UPDATE raw.event_invalidations SET expired_at = NULL "
              "WHERE event_id IN (SELECT min(event_id) FROM raw.event_invalidations)", r": invalidated_by without expired_at$"),

@@ -49,13 +49,24 @@ CHECKS = (
     Check("timestamps_are_utc", "Every timestamp column of the raw tables is TIMESTAMP WITH TIME ZONE (UTC).",
           "SELECT table_name || '.' || column_name || ' is ' || data_type FROM information_schema.columns "
           "WHERE table_schema = 'raw' AND data_type LIKE 'TIMESTAMP%' AND data_type <> 'TIMESTAMP WITH TIME ZONE'"),
-    Check("no_orphans", "Every triplet has its event, every event its statement and call, every statement its chunk.",
+    Check("statements_have_provenance", "Every statement can be traced to the words it came from: it has text, its "
+          "call, and its chunk, which lies in that call.",
+          """
+          SELECT 'statement ' || s.statement_id || ' has no chunk' FROM raw.statements s ANTI JOIN raw.chunks USING (chunk_id)
+          UNION ALL SELECT 'statement ' || s.statement_id || ' has no call' FROM raw.statements s
+              ANTI JOIN raw.transcripts USING (transcript_id)
+          UNION ALL SELECT 'statement ' || s.statement_id || ' has no text' FROM raw.statements s
+              WHERE coalesce(trim(s.statement), '') = ''
+          UNION ALL SELECT 'statement ' || s.statement_id || ' names chunk ' || s.chunk_id || ' of another call'
+              FROM raw.statements s JOIN raw.chunks c USING (chunk_id) WHERE c.transcript_id <> s.transcript_id
+          """),
+    Check("no_orphans", "Every triplet has its event, every event its statement and call, every figure its event.",
           """
           SELECT 'triplet ' || t.triplet_id || ' has no event' FROM raw.triplets t ANTI JOIN raw.events e USING (event_id)
           UNION ALL SELECT 'event ' || e.event_id || ' has no statement' FROM raw.events e
               ANTI JOIN raw.statements s ON s.statement_id = e.event_id
           UNION ALL SELECT 'event ' || e.event_id || ' has no call' FROM raw.events e ANTI JOIN raw.transcripts USING (transcript_id)
-          UNION ALL SELECT 'statement ' || s.statement_id || ' has no chunk' FROM raw.statements s ANTI JOIN raw.chunks USING (chunk_id)
+          UNION ALL SELECT 'figure ' || f.figure_id || ' has no event' FROM raw.figures f ANTI JOIN raw.events e USING (event_id)
           UNION ALL SELECT 'retirement of ' || i.event_id || ' names no event' FROM raw.event_invalidations i
               ANTI JOIN raw.events e USING (event_id)
           """),
