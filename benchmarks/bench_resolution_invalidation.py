@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -483,11 +484,62 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
+@dataclass
+class ChildRun:
+    """How a watched child process ended: its exit code, or why the watcher stopped it."""
+
+    returncode: int | None
+    stopped: str | None  # "stopped: ..." when the memory guard or the timeout ended it
+    peak_rss_kb: int
+    elapsed_s: float
+    samples: list[tuple[float, int]]  # (epoch seconds, resident kB), every `interval` seconds
+    error_tail: str = ""  # the last lines of its stderr when it failed
+
+    @property
+    def failure(self) -> str:
+        code = self.returncode or 0
+        return f"killed by signal {-code}" if code < 0 else f"failed (exit {code})"
+
+
+def watch_child(command: list[str], directory: Path, timeout_s: float, guard_gb: float, min_available_gb: float = 0.0,
+                interval: float = 0.25) -> ChildRun:
+    """Run `command` in `directory` (stdout and stderr to files there) and sample its resident
+    memory; stop it when it passes `guard_gb`, runs past `timeout_s`, or the machine's available
+    memory falls below `min_available_gb`, so that running out of memory is a result, not a crash."""
+    import subprocess
+
+    start = time.perf_counter()
+    peak_kb, stopped, samples = 0, None, []
+    with open(directory / "stdout", "w") as out, open(directory / "stderr", "w") as err:
+        child = subprocess.Popen(command, cwd=directory, stdout=out, stderr=err)
+        while child.poll() is None:
+            rss_kb = _rss_kb(child.pid)
+            samples.append((time.time(), rss_kb))
+            peak_kb = max(peak_kb, rss_kb)
+            elapsed = time.perf_counter() - start
+            available = _meminfo_gb("MemAvailable") if min_available_gb else None
+            if guard_gb and rss_kb > guard_gb * 2**20:
+                stopped = f"stopped: resident memory passed the {guard_gb:.0f} GB guard after {elapsed:.0f}s"
+            elif elapsed > timeout_s:
+                stopped = f"stopped: still running after {elapsed:.0f}s (timeout)"
+            elif available is not None and available < min_available_gb:
+                stopped = (f"stopped: the machine's available memory fell to {available} GB after {elapsed:.0f}s "
+                           f"(resident {rss_kb / 2**20:.1f} GB)")
+            if stopped:
+                child.kill()
+                child.wait()
+                break
+            time.sleep(interval)
+    tail = ""
+    if not stopped and child.returncode != 0:
+        tail = " | ".join((directory / "stderr").read_text().strip().splitlines()[-3:])[-400:]
+    return ChildRun(child.returncode, stopped, peak_kb, time.perf_counter() - start, samples, tail)
+
+
 def isolated_tkg_candidates(facts, links, repeat: int, args) -> tuple[list[float], list | None, dict]:
     """Run tkg's candidate selection in a child process (own working directory for DuckDB's spill
     files, an address-space cap, a timeout) so that running out of memory is a result, not a crash."""
     import shutil
-    import subprocess
     import tempfile
 
     import pyarrow.parquet as pq
@@ -499,32 +551,13 @@ def isolated_tkg_candidates(facts, links, repeat: int, args) -> tuple[list[float
         command = [sys.executable, str(Path(__file__).resolve()), "--worker-candidates", str(directory),
                    "--repeat", str(repeat), "--long-run", str(args.long_run), "--tkg-memory-cap-gb", str(args.tkg_memory_cap_gb)]
         available_gb = _meminfo_gb("MemAvailable")
-        start = time.perf_counter()
-        peak_kb, outcome = 0, None
-        with open(directory / "stdout", "w") as out, open(directory / "stderr", "w") as err:
-            child = subprocess.Popen(command, cwd=directory, stdout=out, stderr=err)
-            while child.poll() is None:
-                rss_kb = _rss_kb(child.pid)
-                peak_kb = max(peak_kb, rss_kb)
-                elapsed = time.perf_counter() - start
-                if args.tkg_memory_guard_gb and rss_kb > args.tkg_memory_guard_gb * 2**20:
-                    outcome = f"stopped: resident memory passed the {args.tkg_memory_guard_gb:.0f} GB guard after {elapsed:.0f}s"
-                elif elapsed > args.tkg_candidate_timeout:
-                    outcome = f"stopped: still running after {elapsed:.0f}s (timeout)"
-                if outcome:
-                    child.kill()
-                    child.wait()
-                    break
-                time.sleep(0.25)
-        elapsed = time.perf_counter() - start
-        info = {"elapsed_s": round(elapsed, 1), "peak_rss_gb_sampled": round(peak_kb / 2**20, 2),
+        run = watch_child(command, directory, args.tkg_candidate_timeout, args.tkg_memory_guard_gb)
+        info = {"elapsed_s": round(run.elapsed_s, 1), "peak_rss_gb_sampled": round(run.peak_rss_kb / 2**20, 2),
                 "machine_memory_available_gb_at_start": available_gb, "machine_load_at_end": [round(x, 1) for x in os.getloadavg()]}
-        if outcome:
-            return [], None, {"status": outcome, **info}
-        if child.returncode != 0:
-            tail = (directory / "stderr").read_text().strip().splitlines()[-3:]
-            status = f"killed by signal {-child.returncode}" if child.returncode < 0 else f"failed (exit {child.returncode})"
-            return [], None, {"status": status, **info, "error": " | ".join(tail)[-400:]}
+        if run.stopped:
+            return [], None, {"status": run.stopped, **info}
+        if run.returncode != 0:
+            return [], None, {"status": run.failure, **info, "error": run.error_tail}
         completed = type("Completed", (), {"stdout": (directory / "stdout").read_text()})
         report = json.loads(completed.stdout.strip().splitlines()[-1])
         pairs_table = pq.read_table(directory / "pairs.parquet")

@@ -56,6 +56,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from tkg import tables
 
@@ -1202,3 +1204,374 @@ def get_universe() -> Universe:
     if _UNIVERSE is None:
         _UNIVERSE = Universe()
     return _UNIVERSE
+
+
+# ------------------------------------------------------------------------------------------
+# A scaled store: the ten companies copied into many, written as tkg's Parquet store
+# ------------------------------------------------------------------------------------------
+
+# Statements (one temporal event each) per call: tkg's LLM path made 1,251 of AMD's four 2017
+# calls (the llm_calls accounting of that build; bench_llm's reference run made 1,242).
+EVENTS_PER_CALL = 310
+DISTINCT_BASES = 4  # event sets generated with their own seed; the copies cycle through them
+STORE_CODE_VERSION = "synthetic-scale-1"
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9\-]*")
+# Words in the ten companies' own names that name nothing: a copy keeps them.
+_KEPT_WORDS = {"inc", "corp", "ltd", "nv", "llc", "plc", "co", "the", "of", "and", "limited", "ag", "se", "sa"}
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr", "st", "kr", "pl", "sh")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ea")
+# The generator's metric names as tkg's figure metrics (tkg.tables.FIGURES); others are segment revenue.
+_FIGURE_METRICS = {"revenue": "revenue", "gross_margin": "gross_margin", "operating_margin": "operating_margin",
+                   "operating_income": "operating_income", "net_income": "net_income", "earnings_per_share": "eps",
+                   "free_cash_flow": "free_cash_flow", "operating_expenses": "operating_expenses",
+                   "capital_expenditures": "capex"}
+
+
+def pseudo_word(*parts: object) -> str:
+    """A pronounceable made-up word, deterministic in `parts` (three syllables: about 14 million
+    words, so the copies of thousands of names rarely collide)."""
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    word = "".join(_ONSETS[digest[1 + 2 * i] % len(_ONSETS)] + _VOWELS[digest[2 + 2 * i] % len(_VOWELS)] for i in range(3))
+    return (word + "nrsx"[digest[9] % 4] if digest[8] % 2 else word).capitalize()
+
+
+class CompanyCopies:
+    """Copy k of the ten companies: every word of their own names (company names, tickers, the
+    surnames of their officers, their products) is replaced by a made-up word of copy k, the
+    same in every spelling ('Intel Corp.', 'Intel Corporation', 'INTC' and 'CFO of Intel Corp.'
+    all become copy k's one company), so a resolver has the same work in every copy. Entities
+    the companies share (other companies, analysts and their firms, places, concepts, numbers)
+    are not copied: every company's calls talk about the same Samsung and the same AI."""
+
+    def __init__(self, universe: Universe) -> None:
+        from tkg.resolution import GENERIC_ORG_WORDS
+
+        kept = _KEPT_WORDS | GENERIC_ORG_WORDS | {w.lower() for p in GENERIC_PRODUCTS for w in _WORD.findall(p)}
+        words: set[str] = set()
+        for identity in universe.identities.values():
+            if identity.company is None or identity.type not in ("Organization", "Person", "Product"):
+                continue
+            for surface in identity.surfaces:
+                tokens = _WORD.findall(person_tokens(surface)[1] if identity.type == "Person" else surface)
+                words.update(t for t in tokens if any(c.isupper() for c in t) and t.lower() not in kept)
+        self.words = frozenset(words)
+        self.tickers = sorted(universe.registry)
+        self._tables: dict[int, dict[str, str]] = {}
+
+    def table(self, copy: int) -> dict[str, str]:
+        if copy not in self._tables:
+            self._tables[copy] = {w: self._word(w, copy) for w in self.words}
+        return self._tables[copy]
+
+    @staticmethod
+    def _word(word: str, copy: int) -> str:
+        made = pseudo_word(copy, word.lower())
+        return made.upper()[: max(3, len(word))] if word.isupper() else made
+
+    def rename(self, text: str | None, copy: int) -> str | None:
+        if not text or copy == 0:
+            return text
+        table = self.table(copy)
+        return _WORD.sub(lambda m: table.get(m[0], m[0]), text)
+
+    def ticker(self, ticker: str, copy: int) -> str:
+        return ticker if copy == 0 else f"{ticker}{copy}"
+
+
+@dataclass
+class StoreSize:
+    """What a scaled store holds."""
+
+    events: int
+    copies: int
+    companies: int
+    calls: int
+    partitions: int
+    rows: Counter
+    seconds: float
+    bytes_on_disk: int
+
+
+def scaled_store_plan(n_events: int, universe: Universe | None = None) -> tuple[int, int]:
+    """(copies of the ten companies, events per copy) for about `n_events` events at
+    EVENTS_PER_CALL events per call."""
+    universe = universe or get_universe()
+    copies = max(1, round(n_events / (len(universe.calls) * EVENTS_PER_CALL)))
+    return copies, round(n_events / copies)
+
+
+def write_scaled_store(root: Path, n_events: int, workers: int = 2, log=print) -> StoreSize:
+    """A tkg Parquet store (`root/parquet`, every partition stamped as whole) of about `n_events`
+    events: the ten real companies and their copies on the 188 real call dates, one file per
+    (stage, company, quarter), with mentions, triplets, figures, statements, chunks and
+    transcripts. Copy k of the companies draws its events from base k % DISTINCT_BASES (event
+    sets generated with their own seed). `root/synthetic` keeps the bases and each mention's
+    ground-truth entity (for a resolution stand-in; see bench_scale.py)."""
+    import time as clock
+    from concurrent.futures import ProcessPoolExecutor
+
+    started = clock.perf_counter()
+    universe = get_universe()
+    copies, per_copy = scaled_store_plan(n_events, universe)
+    bases = min(copies, DISTINCT_BASES)
+    for base in range(bases):
+        tables_of_base = _scaled_base(universe, per_copy, SEED + base)
+        folder = root / "synthetic" / f"base{base}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for stage, table in tables_of_base.items():
+            with pa.OSFile(str(folder / f"{stage}.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+        log(f"base {base}: {tables_of_base['temporal_events'].num_rows:,} events, {tables_of_base['entities'].num_rows:,} mentions "
+            f"({clock.perf_counter() - started:.0f}s)")
+    rows: Counter = Counter()
+    partitions = 0
+    jobs = [(str(root), copy, copy % bases) for copy in range(copies)]
+    with ProcessPoolExecutor(max_workers=max(1, min(workers, copies))) as pool:
+        for copy, (copy_rows, copy_partitions) in enumerate(pool.map(_write_copy, jobs)):
+            rows.update(copy_rows)
+            partitions += copy_partitions
+            if copy % 10 == 9 or copy == copies - 1:
+                log(f"copies written: {copy + 1}/{copies} ({clock.perf_counter() - started:.0f}s)")
+    size = sum(p.stat().st_size for p in (root / "parquet").rglob("*.parquet"))
+    return StoreSize(rows["temporal_events"], copies, copies * len(universe.registry), copies * len(universe.calls),
+                     partitions, rows, round(clock.perf_counter() - started, 1), size)
+
+
+def _scaled_base(universe: Universe, n: int, seed: int) -> dict[str, pa.Table]:
+    """One event set as the store's tables (sorted by company and quarter), plus helper columns
+    a copy needs, named with a leading underscore: which names are the companies' own (to be
+    renamed) and each mention's ground-truth entity."""
+    from tkg.embeddings import WordLlamaEmbedder
+    from tkg.sources import load_source
+
+    generated = generate_events(n, universe, seed)
+    rng = random.Random(seed * 31 + n)
+    events = generated.events
+    created = dict(zip(events.column("event_id").to_pylist(), events.column("created_at").to_pylist()))
+    transcript_of = dict(zip(events.column("event_id").to_pylist(), events.column("transcript_id").to_pylist()))
+    mentions: dict[tuple[str, str], dict] = {}
+    triplets, figures = [], []
+    for row in generated.triplets.to_pylist():
+        ends = []
+        for side in ("subject", "object"):
+            cluster_id = row[f"{side}_id"]
+            if cluster_id is None:
+                ends.append(None)
+                continue
+            mention = mentions.get((row["event_id"], cluster_id))
+            if mention is None:
+                identity = universe.identities.get(cluster_id)
+                if identity is not None and identity.surfaces:
+                    name, _ = universe.pick_surface(identity, rng)
+                    kind, description = identity.type, rng.choice(identity.descriptions) if identity.descriptions else ""
+                    owned = identity.company is not None
+                else:  # a number made for this event only
+                    name, kind, description, owned = row[side], "Numeric", "A reported figure", False
+                mention = mentions[(row["event_id"], cluster_id)] = {
+                    "entity_id": hashlib.sha256(f"{row['event_id']}|{cluster_id}".encode()).hexdigest()[:20],
+                    "event_id": row["event_id"], "company": row["company"], "quarter": row["quarter"], "name": name,
+                    "type": kind, "description": description, "seen_at": created[row["event_id"]], "_owned": owned,
+                    "_truth": cluster_id}
+            ends.append(mention)
+        subject, obj = ends
+        triplets.append({
+            "triplet_id": row["triplet_id"], "event_id": row["event_id"], "company": row["company"], "quarter": row["quarter"],
+            "subject_name": subject["name"], "subject_entity_id": subject["entity_id"], "predicate": row["predicate"],
+            "object_name": obj["name"] if obj else row["object"], "object_entity_id": obj["entity_id"] if obj else None,
+            "value": row["value"], "subject_type": subject["type"], "subject_description": subject["description"],
+            "object_type": obj["type"] if obj else None, "object_description": obj["description"] if obj else None,
+            "seen_at": created[row["event_id"]], "_subject_owned": subject["_owned"], "_object_owned": bool(obj and obj["_owned"])})
+        figure = _figure(row, created[row["event_id"]], transcript_of[row["event_id"]])
+        if figure:
+            figures.append(figure)
+    mention_rows = list(mentions.values())
+    texts = sorted({f"{m['name']}: {m['description']}" for m in mention_rows})
+    vectors = WordLlamaEmbedder().embed(texts)
+    position = {text: i for i, text in enumerate(texts)}
+    mention_vectors = vectors[[position[f"{m['name']}: {m['description']}"] for m in mention_rows]]
+    owned_schema = [("_owned", pa.bool_()), ("_truth", pa.string())]
+    entities = pa.Table.from_pylist(mention_rows, schema=_with(tables.ENTITIES, owned_schema, without="embedding"))
+    entities = entities.append_column("embedding", _embedding_column(mention_vectors))
+    entities = entities.select([*tables.ENTITIES.names, "_owned", "_truth"])
+
+    texts_of_calls = {(r.company, r.call_date): r.text for r in load_source(str(CORPUS)).rows}
+    calls = {f"{c.company}_{c.call_date:%Y%m%d}": c for c in universe.calls}
+    chunk_rows, transcript_rows = [], []
+    chunks_of_call: dict[str, list[str]] = defaultdict(list)
+    for transcript_id, chunk_id in sorted(set(zip(events.column("transcript_id").to_pylist(), events.column("chunk_id").to_pylist()))):
+        chunks_of_call[transcript_id].append(chunk_id)
+    for transcript_id, call in calls.items():
+        text = texts_of_calls.get((call.company, call.call_date), "")
+        quarter = date(call.call_date.year, 3 * ((call.call_date.month - 1) // 3) + 1, 1)
+        company_name = universe.registry[call.company].name
+        transcript_rows.append({
+            "transcript_id": transcript_id, "company": call.company, "quarter": quarter, "company_name": company_name,
+            "call_date": call.call_date, "call_datetime": call.call_datetime,
+            "title": f"{company_name} {call.fiscal_quarter} Earnings Call",
+            "doc_type": "synthetic copy of a StreetEvents transcript", "fiscal_quarter": call.fiscal_quarter,
+            "fiscal_year": call.fiscal_year, "fiscal_period_start": call.period_start, "fiscal_period_end": call.period_end,
+            "participants": [], "participants_start": 0, "participants_end": 0, "turns": [], "body_end": len(text),
+            "content_sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text})
+        ids = chunks_of_call.get(transcript_id, [])
+        width = max(1, len(text) // max(1, len(ids)))
+        for index, chunk_id in enumerate(ids):
+            chunk_rows.append({
+                "chunk_id": chunk_id, "transcript_id": transcript_id, "company": call.company, "quarter": quarter,
+                "chunk_index": index, "kind": "speech", "section": "Presentation", "speaker": None,
+                "speaker_organization": None, "speaker_title": None, "start_offset": index * width,
+                "end_offset": min(len(text), (index + 1) * width), "text": text[index * width:(index + 1) * width]})
+    statements = events.select(["event_id", "chunk_id", "transcript_id", "company", "quarter", "statement", "statement_hash",
+                                "statement_type", "temporal_type"]).rename_columns(
+        ["statement_id", "chunk_id", "transcript_id", "company", "quarter", "statement", "statement_hash", "statement_type",
+         "temporal_type"])
+    statements = statements.add_column(5, "statement_index", pa.array(np.zeros(statements.num_rows, dtype=np.int32)))
+    built = {
+        "transcripts": pa.Table.from_pylist(transcript_rows, schema=tables.TRANSCRIPTS),
+        "chunks": pa.Table.from_pylist(chunk_rows, schema=tables.CHUNKS),
+        "statements": statements.select(tables.STATEMENTS.names).cast(tables.STATEMENTS),
+        "temporal_events": events,
+        "triplets": pa.Table.from_pylist(triplets, schema=_with(tables.TRIPLETS, [("_subject_owned", pa.bool_()),
+                                                                                 ("_object_owned", pa.bool_())])),
+        "figures": tables.to_table(figures, tables.FIGURES),
+        "entities": entities,
+    }
+    return {stage: table.take(pc.sort_indices(table, sort_keys=[("company", "ascending"), ("quarter", "ascending")]))
+            for stage, table in built.items()}
+
+
+def _with(schema: pa.Schema, extra: list[tuple[str, pa.DataType]], without: str | None = None) -> pa.Schema:
+    return pa.schema([f for f in schema if f.name != without] + [pa.field(n, t) for n, t in extra])
+
+
+def _embedding_column(vectors: np.ndarray) -> pa.Array:
+    flat = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1])
+    return flat.cast(tables.EMBEDDING)
+
+
+def _figure(triplet: dict, stated_at: datetime, transcript_id: str) -> dict | None:
+    """The figure a revenue or guidance triplet states (the metric and period come from the
+    target's id, 'met:INTC:revenue_guidance:FY2017'), as tkg's figures stage would record it."""
+    value, target = triplet["value"], triplet["object_id"] or ""
+    if triplet["predicate"] not in ("HAS_REVENUE", "TARGETS") or not value or not target.startswith("met:"):
+        return None
+    _, _, metric, label = target.split(":")
+    guidance = metric.endswith("_guidance")
+    metric = metric.removesuffix("_guidance")
+    amount = float(re.sub(r"[^\d.]", "", value))
+    unit = "percent" if value.endswith("%") else "USD"
+    year, quarter = (int(label[2:]), None) if label.startswith("FY") else (int(label[2:]), int(label[1]))
+    return {
+        "figure_id": hashlib.sha256(f"{triplet['triplet_id']}|figure".encode()).hexdigest()[:20],
+        "event_id": triplet["event_id"], "transcript_id": transcript_id, "company": triplet["company"], "quarter": triplet["quarter"],
+        "call_date": stated_at.date(), "stated_at": stated_at, "metric": _FIGURE_METRICS.get(metric, "segment_revenue"),
+        "segment": None if metric in _FIGURE_METRICS else metric, "basis": None, "kind": "guidance" if guidance else "reported",
+        "fiscal_year": year, "fiscal_quarter": quarter, "value": amount * (1e9 if unit == "USD" else 1.0), "low": None,
+        "high": None, "unit": unit, "amount_text": value}
+
+
+@lru_cache(maxsize=DISTINCT_BASES)
+def _base_tables(root: str, base: int) -> dict[str, pa.Table]:
+    folder = Path(root) / "synthetic" / f"base{base}"
+    return {path.stem: pa.ipc.open_file(pa.memory_map(str(path))).read_all() for path in sorted(folder.glob("*.arrow"))}
+
+
+@lru_cache(maxsize=1)
+def _copies() -> CompanyCopies:
+    return CompanyCopies(get_universe())
+
+
+def _write_copy(job: tuple[str, int, int]) -> tuple[Counter, int]:
+    """Worker: copy `copy` of the companies from base `base`, written partition by partition."""
+    from tkg.state import PARTITIONED_STAGES
+    from tkg.store import ParquetStore
+    from tkg.versions import stamped
+
+    root, copy, base = job
+    store = ParquetStore(root)
+    stamps = store_stamps()
+    rows: Counter = Counter()
+    partitions: set[tuple[str, date]] = set()
+    for stage in PARTITIONED_STAGES:
+        table = _copied(_base_tables(root, base)[stage], stage, copy)
+        if stage == "entities":
+            truth_folder = Path(root) / "synthetic" / "truth"
+            truth_folder.mkdir(parents=True, exist_ok=True)
+            truth = table.select(["entity_id", "_truth", "name", "type", "seen_at"]).rename_columns(
+                ["entity_id", "canonical_id", "name", "type", "seen_at"])
+            pq.write_table(truth, truth_folder / f"copy{copy:04d}.parquet")
+        table = table.select(getattr(tables, _SCHEMA_OF[stage]).names)
+        rows[stage] += table.num_rows
+        companies, quarters = table.column("company").to_pylist(), table.column("quarter").to_pylist()
+        start = 0
+        for end in range(1, len(companies) + 1):
+            if end == len(companies) or (companies[end], quarters[end]) != (companies[start], quarters[start]):
+                store.write(store.partition_path(stage, companies[start], quarters[start]),
+                            stamped(table.slice(start, end - start), stamps[stage]))
+                partitions.add((companies[start], quarters[start]))
+                start = end
+    return rows, len(partitions)
+
+
+_ID_COLUMNS = {"event_id", "chunk_id", "transcript_id", "triplet_id", "entity_id", "subject_entity_id", "object_entity_id",
+               "figure_id", "statement_id"}
+_SCHEMA_OF = {"transcripts": "TRANSCRIPTS", "chunks": "CHUNKS", "statements": "STATEMENTS", "temporal_events": "EVENTS",
+              "triplets": "TRIPLETS", "figures": "FIGURES", "entities": "ENTITIES"}
+
+
+def store_stamps() -> dict:
+    """One stamp per partitioned stage, each built from the version of its inputs, as a whole
+    partition's files carry them (tkg.state.half_built checks exactly that)."""
+    from tkg.state import PARTITIONED_STAGES, STAGE_INPUTS
+    from tkg.versions import Stamp
+
+    stamps: dict = {}
+    for stage in PARTITIONED_STAGES:  # upstream stages come first
+        inputs = {upstream: stamps[upstream].version for upstream in STAGE_INPUTS[stage]} or {"source": "synthetic"}
+        stamps[stage] = Stamp(stage, STORE_CODE_VERSION, inputs)
+    return stamps
+
+
+def _copied(table: pa.Table, stage: str, copy: int) -> pa.Table:
+    """`table` of base rows as copy `copy` of the companies: ids prefixed, tickers and the
+    companies' own names renamed, statement hashes recomputed."""
+    if copy == 0:
+        return table
+    copies = _copies()
+    prefix = f"k{copy:04d}"
+    columns = {}
+    for name in table.column_names:
+        column = table.column(name)
+        if name in _ID_COLUMNS:
+            column = pc.binary_join_element_wise(prefix, column, "")
+        elif name == "company":
+            column = _mapped(column, lambda t: copies.ticker(t, copy))
+        columns[name] = column
+    def renamed(name: str, mask: str | None = None) -> None:
+        if name not in columns:
+            return
+        new = _mapped(columns[name], lambda text: copies.rename(text, copy))
+        columns[name] = pc.if_else(columns[mask], new, columns[name]) if mask else new
+    if stage in ("temporal_events", "statements"):
+        renamed("statement")
+        columns["statement_hash"] = pa.chunked_array([[hashlib.sha256(s.encode()).hexdigest()[:16]
+                                                       for s in columns["statement"].to_pylist()]])
+    elif stage == "triplets":
+        for side in ("subject", "object"):
+            renamed(f"{side}_name", f"_{side}_owned")
+            renamed(f"{side}_description", f"_{side}_owned")
+    elif stage == "entities":
+        renamed("name", "_owned")
+        renamed("description", "_owned")
+        columns["_truth"] = pc.if_else(columns["_owned"], pc.binary_join_element_wise(columns["_truth"], f"~{copy}", ""),
+                                       columns["_truth"])
+    elif stage == "transcripts":
+        renamed("company_name")
+        renamed("title")
+    return pa.table(columns, schema=table.schema)
+
+
+def _mapped(column, function) -> pa.ChunkedArray:
+    """`function` applied to each distinct value of a string column (nulls stay null)."""
+    encoded = column.combine_chunks().dictionary_encode() if isinstance(column, pa.ChunkedArray) else column.dictionary_encode()
+    values = pa.array([function(v) for v in encoded.dictionary.to_pylist()], type=pa.string())
+    return pa.chunked_array([values.take(encoded.indices)])

@@ -24,6 +24,7 @@ from typing import Protocol, Sequence
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tkg import tables
 from tkg.candidates import select_candidates
@@ -224,7 +225,9 @@ def invalidate(
         if event_id not in ends or retirement < ends[event_id]:
             ends[event_id] = retirement
     judgments.extend(revisions.judgments)
-    timing = {row["event_id"]: row for row in events.select(["event_id", "invalid_at", "created_at"]).to_pylist()}
+    involved = pa.array(sorted(set(ends) | {retirer for _, retirer in ends.values()}), pa.string())
+    timing = {row["event_id"]: row for row in events.select(["event_id", "invalid_at", "created_at"])
+              .filter(pc.is_in(events.column("event_id"), value_set=involved)).to_pylist()}
     invalidations = []
     for event_id, (invalid_at, invalidated_by) in sorted(ends.items()):
         primary, secondary = timing[event_id], timing[invalidated_by]

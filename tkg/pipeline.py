@@ -286,13 +286,14 @@ def _said_by_the_company(chunk: dict[str, Any] | None, own_people: set[str], tic
 
 def _one_total_per_period(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Of competing company totals of revenue for one period, kind and basis in one call, the largest."""
+    def key(figure: dict[str, Any]) -> tuple:
+        return figure["kind"], figure["basis"], figure["fiscal_year"], figure["fiscal_quarter"], figure["unit"]
+
     largest: dict[tuple, float] = {}
     for figure in figures:
         if figure["metric"] == "revenue":
-            key = (figure["kind"], figure["basis"], figure["fiscal_year"], figure["fiscal_quarter"], figure["unit"])
-            largest[key] = max(largest.get(key, figure["value"]), figure["value"])
-    return [figure for figure in figures if figure["metric"] != "revenue" or figure["value"] == largest[
-        (figure["kind"], figure["basis"], figure["fiscal_year"], figure["fiscal_quarter"], figure["unit"])]]
+            largest[key(figure)] = max(largest.get(key(figure), figure["value"]), figure["value"])
+    return [figure for figure in figures if figure["metric"] != "revenue" or figure["value"] == largest[key(figure)]]
 
 
 def build_entity_mentions(triplets: pa.Table, embedder: Embedder) -> StageResult:

@@ -45,9 +45,10 @@ TOP_K = 10
 FUNCTIONAL_OFFICES = frozenset({"CEO", "CFO", "COO", "CTO", "CAO", "President", "Chairman", "Chairman of the Management Board"})
 # One value per subject, metric and period: a different later value revises the earlier one.
 SINGLE_VALUED_PREDICATES = frozenset({Predicate.TARGETS, Predicate.HAS_REVENUE})
-# Guidance holds one value per (company, metric, segment, basis, fiscal period) and is retired
-# by the next call that guides it differently or reports the actual (tkg.revisions).
-GUIDANCE_KEY = ("company", "metric", "segment", "basis", "fiscal_year", "fiscal_quarter")
+# Guidance holds one value per (company, metric, segment, fiscal period, unit) and is retired by
+# the next call that guides it differently or reports the actual (tkg.revisions). The basis is
+# compared within the group: an unstated basis matches either GAAP or non-GAAP.
+GUIDANCE_KEY = ("company", "metric", "segment", "fiscal_year", "fiscal_quarter", "unit")
 FIGURE_JUDGE = "rules:figure-revisions-1"
 # Two figures state the same value when every bound agrees to this relative tolerance.
 SAME_VALUE_TOLERANCE = 1e-9

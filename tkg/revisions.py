@@ -24,7 +24,7 @@ from datetime import datetime
 import pyarrow as pa
 
 from tkg import tables
-from tkg.policy import FIGURE_JUDGE, figure_values_agree
+from tkg.policy import FIGURE_JUDGE, GUIDANCE_KEY, figure_values_agree
 
 _SHORT_SCALES = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"))
 
@@ -57,7 +57,7 @@ class FigureRevisions:
 
 
 def _period_key(row: dict) -> tuple:
-    return (row["company"], row["metric"], row["segment"], row["fiscal_year"], row["fiscal_quarter"], row["unit"])
+    return tuple(row[column] for column in GUIDANCE_KEY)
 
 
 def _bases_agree(guidance: dict, actual: dict) -> bool:
