@@ -141,7 +141,7 @@ def test_a_statement_the_answer_leaves_out_is_asked_again_then_counted(make, fre
     fresh.set_responder(lambda request: {"items": []})
     assert extractor.extract_figures(STATEMENTS[:2], MSFT_Q2_2020) == [[], []]
     stats = extractor.stats("figures")
-    assert stats.requests == 3  # the batch, then each statement alone
+    assert stats.requests == 4  # the batch, the batch again, then each statement alone
     assert stats.unanswered_items == {"figures_statement_without_answer": 2}
 
 

@@ -7,6 +7,7 @@ injects faults on demand; everything between tkg and the socket is the code unde
 from __future__ import annotations
 
 import logging
+import re
 import os
 import shutil
 import subprocess
@@ -441,3 +442,27 @@ def test_usage_rows_count_each_request_once(make, fresh, sample_call):
     requests = {row["stage"]: row["requests"] for row in second}
     assert sum(row["requests"] for row in first + second) == fresh.stats().requests["responses"]
     assert requests["statements"] == 0 and requests["triplets"] > 0
+
+
+def test_a_partial_batched_answer_is_reasked_as_a_batch_and_counted(make, fresh, sample_call):
+    """A model that answers only the first half of every batch: the missing half goes back as
+    one batch (not one request per statement), and the partial answers reach llm_calls."""
+    context, _ = sample_call
+    extractor, _, _ = make(batch_size=8)
+
+    def first_half(request):
+        indices = [int(n) for n in re.findall(r"- \[(\d+)\]", request.input_text.rsplit("Statements:", 1)[-1])]
+        return {"items": [{"index": i, "valid_at": "2024-08-06T00:00:00Z", "invalid_at": None}
+                          for i in indices[:max(1, len(indices) // 2)]]}
+
+    fresh.set_responder(first_half)
+    statements = [RawStatement(statement=f"Helio shipped {n} robots this quarter.", statement_type="FACT",
+                               temporal_type="DYNAMIC") for n in range(8)]
+    ranges = extractor.extract_validity(statements, context)
+    assert all(r is not None and r.valid_at is not None for r in ranges)
+    stats = extractor.stats("validity")
+    # 8 asked: 4 answered; the other 4 as one batch: 2 answered; the last 2 alone.
+    assert stats.requests == fresh.stats().requests["responses"] == 4
+    assert stats.partial_answers == 2 and not stats.unanswered_items
+    (row,) = [row for row in extractor.usage_rows("temporal_events") if row["stage"] == "validity"]
+    assert row["partial_answers"] == 2 and row["requests"] == 4

@@ -15,7 +15,6 @@ import duckdb
 import pytest
 
 from tests.conftest import run_tkg
-from tests.services import postgres_server, s3_server  # noqa: F401 (fixtures)
 from tests.test_safety import facts_digest
 from tkg import tables
 from tkg.llm.cache import PostgresResponseCache, ResponseCache, cache_key, open_cache

@@ -131,14 +131,14 @@ def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: R
         files = [path] if store.is_file(path) else []
     else:
         files = store.partition_files(raw.asset)
+    # The table has every column of today's schema, in its order: columns that files written by
+    # an older tkg lack are NULL there, and a view over the table never misses one.
+    empty = raw.schema.empty_table()  # noqa: F841 (read by name in the SQL below)
     if files:
-        source = store.relation(connection, files)  # noqa: F841 (read by name in the SQL below)
-        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM source")
+        source = store.relation(connection, files)  # noqa: F841
+        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty UNION ALL BY NAME SELECT * FROM source")
     else:
-        empty = raw.schema.empty_table()
-        connection.register("empty_source", empty)
-        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty_source")
-        connection.unregister("empty_source")
+        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty")
     return connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchall()[0][0]
 
 

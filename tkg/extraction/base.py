@@ -82,6 +82,7 @@ class StageStats:
     retries: int = 0
     rate_limited: int = 0
     reasks: int = 0
+    partial_answers: int = 0  # batched answers that left some of their items out
     cost_usd: float = 0.0
     dropped: Counter = field(default_factory=Counter)
     repaired: Counter = field(default_factory=Counter)
@@ -114,7 +115,7 @@ class StageStats:
         """What happened after `earlier` (a snapshot of this same counter)."""
         delta = StageStats(**{name: getattr(self, name) - getattr(earlier, name) for name in
                               ("requests", "cache_hits", "input_tokens", "cached_input_tokens", "output_tokens",
-                               "retries", "rate_limited", "reasks", "cost_usd")})
+                               "retries", "rate_limited", "reasks", "partial_answers", "cost_usd")})
         delta.dropped = self.dropped - earlier.dropped
         delta.repaired = self.repaired - earlier.repaired
         delta.unanswered_items = self.unanswered_items - earlier.unanswered_items
@@ -137,6 +138,7 @@ class StageStats:
             "requests": self.requests, "cache_hits": self.cache_hits, "input_tokens": self.input_tokens,
             "cached_input_tokens": self.cached_input_tokens, "output_tokens": self.output_tokens,
             "retries": self.retries, "rate_limited": self.rate_limited, "reasks": self.reasks,
+            "partial_answers": self.partial_answers,
             "dropped": self.dropped_total, "dropped_by_reason": dict(self.dropped), "repaired_by_reason": dict(self.repaired),
             "latency_p50_ms": self.latency_percentile(50), "latency_p95_ms": self.latency_percentile(95),
             "latency_p99_ms": self.latency_percentile(99), "estimated_cost_usd": round(self.cost_usd, 6),

@@ -222,8 +222,10 @@ class LLMExtractor(_Stages):
 
     def _batched(self, stage: str, keys: list[str], batch, model_type) -> dict:
         """Cache lookups per statement, then the misses in batches of `batch_size`, all in
-        flight together; statements a batch left out are asked once more, alone. Every answer
-        is cached the moment it arrives, so a killed build repeats only the requests in flight."""
+        flight together. Statements the answers left out are asked again, batched the same way
+        (an answer that covers part of its batch counts in `partial_answers`), and what is
+        still missing after that, alone. Every answer is cached the moment it arrives, so a
+        killed build repeats only the requests in flight."""
         stats = self.stats(stage)
         model = self.settings.model(stage)
         results: dict[int, object] = {}
@@ -244,15 +246,22 @@ class LLMExtractor(_Stages):
                 log.warning("%s: %d statement(s) without a usable answer: %s", stage, len(indices), error)
                 errors.append(error)
                 return
+            if 0 < len(answered) < len(indices):
+                stats.partial_answers += 1
             for index, answer in answered.items():
                 results[index] = answer
                 self.cache.put(keys[index], stage, model, answer.model_dump(mode="json"))
 
         async def run() -> None:
-            await asyncio.gather(*(safe(group) for group in _batches(misses, self.settings.batch_size)))
-            missing = [i for i in misses if i not in results]
-            if missing and self.settings.batch_size > 1:
-                await asyncio.gather(*(safe([i]) for i in missing))
+            size = self.settings.batch_size
+            await asyncio.gather(*(safe(group) for group in _batches(misses, size)))
+            if size == 1:
+                return
+            again = _batches([i for i in misses if i not in results], size)
+            await asyncio.gather(*(safe(group) for group in again))
+            # Last, alone: what a batch of several left out twice (a lone item was just asked alone).
+            alone = [i for group in again if len(group) > 1 for i in group if i not in results]
+            await asyncio.gather(*(safe([i]) for i in alone))
 
         if misses:
             self.client.run(run())
