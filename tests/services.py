@@ -3,7 +3,8 @@ and the shared LLM cache), Redis (the Celery broker and result backend) and an S
 object store (moto in server mode, for the Parquet system of record).
 
 Each one is started once per session, on 127.0.0.1 and a free port, inside a temporary
-folder, and stopped (its folder removed) at the end. Nothing here reaches beyond 127.0.0.1.
+folder, and stopped at the end (their logs stay in that folder). Nothing here reaches beyond
+127.0.0.1.
 
 When a service's program or package is missing, its fixture skips the tests that need it and
 says what to install; under CI (CI=true) it fails instead, because CI must run these tests
@@ -72,17 +73,18 @@ def _log_tail(path: Path, characters: int = 2000) -> str:
 def _wait_until_ready(name: str, process: subprocess.Popen, log: Path, ready) -> None:
     """Poll `ready()` until it returns True; raise with the service's log if the process exits
     or the time runs out."""
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    deadline, last_error = time.monotonic() + START_TIMEOUT_SECONDS, None
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"{name} exited with code {process.returncode} while starting:\n{_log_tail(log)}")
         try:
             if ready():
                 return
-        except Exception:  # noqa: BLE001 - not accepting connections yet
-            pass
+        except Exception as error:  # noqa: BLE001 - not accepting connections yet
+            last_error = error
         time.sleep(0.1)
-    raise RuntimeError(f"{name} did not accept connections within {START_TIMEOUT_SECONDS} s:\n{_log_tail(log)}")
+    raise RuntimeError(f"{name} did not accept connections within {START_TIMEOUT_SECONDS} s (last: {last_error!r}):\n"
+                       f"{_log_tail(log)}")
 
 
 def _stop(process: subprocess.Popen, stop_signal: int = signal.SIGTERM, timeout: float = 30) -> None:
@@ -195,7 +197,7 @@ def running_postgres(folder: Path) -> Iterator[Postgres]:
             initialised = subprocess.run(
                 [str(binaries / "initdb"), "-D", str(data), "-U", "tkg", f"--pwfile={password_file}", "--auth=md5",
                  "--encoding=UTF8", "--locale=C", "--no-sync"],
-                stdout=output, stderr=subprocess.STDOUT, env=environment, cwd=cluster_parent, **process_user)
+                check=False, stdout=output, stderr=subprocess.STDOUT, env=environment, cwd=cluster_parent, **process_user)
         if initialised.returncode != 0:
             raise RuntimeError(f"initdb failed with code {initialised.returncode}:\n{_log_tail(log)}")
         port = free_port()
@@ -322,10 +324,8 @@ def _service(starting) -> Iterator:
     with ExitStack() as stack:
         try:
             service = stack.enter_context(starting)
-        except ServiceUnavailable as missing:
+        except ServiceUnavailable as missing:  # not installed; one that is but fails to start is an error
             unavailable(str(missing))
-        except Exception as error:  # noqa: BLE001 - installed but would not start: say why
-            unavailable(f"{type(error).__name__}: {error}")
         yield service
 
 
