@@ -5,6 +5,8 @@ versions follow the settings: `dagster dev` passes the ones the environment give
 `tkg build` passes its own (never by writing them into os.environ).
 """
 
+import os
+
 import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, extraction_backend_from_env
@@ -28,7 +30,28 @@ def pipeline_assets(source: TranscriptSource, extraction: ExtractionBackend) -> 
                          sql_models]
 
 
-def build_definitions(storage: TkgStorage, source: TranscriptSource, extraction: ExtractionBackend) -> dg.Definitions:
+def executor_from_env() -> dg.ExecutorDefinition | None:
+    """The executor of the code location's runs, chosen by TKG_EXECUTOR.
+
+    Unset or 'multiprocess': Dagster's default, each step in a subprocess of its run. 'celery':
+    each step is a task for a Celery worker on any machine (dagster-celery, in the `distributed`
+    extra), through the broker and result backend named by TKG_CELERY_BROKER and
+    TKG_CELERY_BACKEND, read where each run starts (see deploy/README.md).
+    """
+    choice = os.environ.get("TKG_EXECUTOR") or "multiprocess"
+    if choice == "multiprocess":
+        return None
+    if choice == "celery":
+        try:
+            from dagster_celery import celery_executor
+        except ImportError as missing:
+            raise ImportError("TKG_EXECUTOR=celery needs dagster-celery; pip install 'tkg[distributed]'") from missing
+        return celery_executor.configured({"broker": {"env": "TKG_CELERY_BROKER"}, "backend": {"env": "TKG_CELERY_BACKEND"}})
+    raise ValueError(f"TKG_EXECUTOR={choice!r} is not an executor tkg knows; use 'multiprocess' (the default) or 'celery'")
+
+
+def build_definitions(storage: TkgStorage, source: TranscriptSource, extraction: ExtractionBackend,
+                      executor: dg.ExecutorDefinition | None = None) -> dg.Definitions:
     partitioned, global_assets = pipeline_assets(source, extraction)
     partitions_def = partitioned[0].partitions_def
 
@@ -68,7 +91,10 @@ def build_definitions(storage: TkgStorage, source: TranscriptSource, extraction:
         schedules=[weekly_new_transcripts],
         sensors=[automation],
         resources={"storage": storage, "source": source, "extraction": extraction},
+        executor=executor,
     )
 
 
-defs = build_definitions(TkgStorage(), TranscriptSource(), extraction_backend_from_env())
+# `tkg build` runs its jobs in its own process (build_definitions without an executor); the
+# daemon, the UI and the workers of a distributed deploy load this, with TKG_EXECUTOR's executor.
+defs = build_definitions(TkgStorage(), TranscriptSource(), extraction_backend_from_env(), executor=executor_from_env())

@@ -88,6 +88,8 @@ def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
 
 LOCATION_NAME = "tkg"  # the code location workspace.yaml names
 DUCKDB_POOL = "tkg_duckdb_write"
+# The extraction steps (requests to the LLM provider) share this pool.
+LLM_POOL = "tkg_llm"
 
 
 def run_in_process(defs: dg.Definitions, job_name: str, instance: dg.DagsterInstance, run_config: dict,

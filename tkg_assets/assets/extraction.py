@@ -10,11 +10,12 @@ import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage
 from tkg_assets.assets.common import materialize_stage, partitioned_asset
+from tkg_assets.instance import LLM_POOL
 
 
 def extraction_assets(partitions_def: dg.PartitionsDefinition, code_versions: dict[str, str]) -> list[dg.AssetsDefinition]:
     def extraction_asset(stage: str):
-        return partitioned_asset(stage, "extraction", partitions_def, code_versions, pool="tkg_llm")
+        return partitioned_asset(stage, "extraction", partitions_def, code_versions, pool=LLM_POOL)
 
     @extraction_asset("statements")
     def statements(context: dg.AssetExecutionContext, storage: TkgStorage, extraction: ExtractionBackend) -> dg.MaterializeResult:
