@@ -1,0 +1,587 @@
+"""Benchmark: tkg's global steps (entity resolution, invalidation with its candidate selection,
+fact relevance, publishing tkg.duckdb) on synthetic Parquet stores of growing size, and what
+5,000 companies x 40 quarters would cost.
+
+    nice -n 5 python benchmarks/bench_scale.py [--sizes 100000,1000000,5000000] [--llm-home DIR]
+
+For every size a store is generated (benchmarks/synthetic.py, `write_scaled_store`), then each
+global step runs as tkg.build runs it, on that ParquetStore, in a child process of its own: its
+wall time, its peak resident memory (the child's ru_maxrss, and sampled every 0.25 s), and the
+time and peak memory of its phases (tkg's functions wrapped with a clock in the child). A step
+that passes the memory guard (20 GB) or the timeout (25 min) is stopped, and that is the result.
+`--llm-home` names a data folder built with tkg's LLM path (its `llm_calls` accounting gives the
+per-call requests and tokens of the cost estimate); without it the estimate uses
+benchmarks/results/llm.json. Results: benchmarks/results/scale.json and a report on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import synthetic
+from bench_resolution_invalidation import (
+    _meminfo_gb,
+    fit_power_law,
+    machine,
+    project,
+    watch_child,
+)
+
+RESULTS = HERE / "results" / "scale.json"
+STEPS = ("canonical_entities", "invalidated_events", "fact_relevance", "warehouse")
+# The step that needs another one's output, and what it needs.
+NEEDS = {"invalidated_events": "canonical_entities", "fact_relevance": None, "warehouse": "invalidated_events"}
+TARGET_COMPANIES, TARGET_QUARTERS = 5_000, 40
+ESTIMATE_MODELS = ("gpt-4.1-mini", "gpt-4o-mini")  # priced with tkg.llm.settings.DEFAULT_PRICES
+EMBEDDING_MODEL = "text-embedding-3-large"
+
+
+# ------------------------------------------------------------------------------------------
+# In the child: one global step, its phases clocked
+# ------------------------------------------------------------------------------------------
+
+
+PHASE_LOG = "phases.jsonl"
+
+
+class PhaseClock:
+    """Wraps functions with a clock: (label, start, end) in epoch seconds for every call, also
+    appended to PHASE_LOG as it happens, so a step the guard stops still tells where it was."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, float, float]] = []
+        self.log = open(PHASE_LOG, "a", buffering=1)  # noqa: SIM115 (open for the child's life)
+
+    def wrap(self, owner: object, name: str, label=None) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            text = label(*args) if callable(label) else label or name.lstrip("_")
+            start = time.time()
+            self.log.write(json.dumps({"phase": text, "start": start}) + "\n")
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.spans.append((text, start, time.time()))
+                self.log.write(json.dumps({"phase": text, "start": start, "end": self.spans[-1][2]}) + "\n")
+
+        setattr(owner, name, timed)
+
+
+def _worker_step(step: str, root: Path) -> int:
+    from tkg import build, invalidation, warehouse
+    from tkg.invalidation import RuleJudge
+    from tkg.store import ParquetStore
+
+    store = ParquetStore(root)
+    clock = PhaseClock()
+    clock.wrap(build, "consistent_versions", "read the stamps of every partition")
+    clock.wrap(ParquetStore, "read_all", lambda self, asset, *rest: f"read all {asset}")
+    clock.wrap(ParquetStore, "write", "write Parquet")
+    captured: dict = {}
+    if step == "canonical_entities":
+        clock.wrap(build, "resolve_entities")
+    elif step == "invalidated_events":
+        for name in ("canonical_triplets", "invalidate"):
+            clock.wrap(build, name)
+        for name in ("_fact_events", "_links", "_event_views", "revise_figures"):
+            clock.wrap(invalidation, name)
+        selector = invalidation.select_candidates
+
+        def select_candidates(facts, links, *args):
+            captured["links"] = links
+            return selector(facts, links, *args)
+
+        invalidation.select_candidates = select_candidates
+        clock.wrap(invalidation, "select_candidates")
+        clock.wrap(RuleJudge, "judge", "judge (RuleJudge)")
+    elif step == "warehouse":
+        clock.wrap(warehouse, "_load_raw", lambda connection, store_, raw: f"load raw.{raw.name}")
+        clock.wrap(warehouse, "apply_model", "apply the sql/ models")
+
+    start = time.time()
+    if step == "canonical_entities":
+        result = build.run_canonical_entities(store)
+        counts = dict(result.counts)
+    elif step == "invalidated_events":
+        result = build.run_invalidation(store, RuleJudge())
+        counts = dict(result.counts)
+    elif step == "fact_relevance":
+        counts = dict(build.run_fact_relevance(store).counts)
+    elif step == "warehouse":
+        published = build.run_warehouse(store, root / "tkg.duckdb")
+        counts = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2)}
+    elif step == "truth_resolution":
+        counts = write_truth_resolution(store)
+    else:
+        raise ValueError(f"unknown step {step!r}; expected one of {', '.join(STEPS)} or truth_resolution")
+    end = time.time()
+    report = {"step": step, "seconds": round(end - start, 2), "start": start, "end": end,
+              "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+              "spans": clock.spans, "counts": counts}
+    # Read after the clock stopped (the parent takes the step's memory from [start, end] only).
+    if step == "canonical_entities":
+        report["sharing"] = resolution_sharing(root)
+    elif step == "invalidated_events":
+        report["sharing"] = invalidation_sharing(root, captured.get("links"))
+    print(json.dumps(report, default=str))
+    return 0
+
+
+def write_truth_resolution(store) -> dict:
+    """The generator's ground truth as `canonical_entities`, stamped as resolution would stamp
+    it: the stand-in that lets invalidation be measured at a size resolution did not finish."""
+    import duckdb
+    import pyarrow as pa
+
+    from tkg import tables
+    from tkg.state import RESOLUTION_VERSION, consistent_versions, global_inputs
+    from tkg.versions import Stamp, stamped
+
+    truth = str(store.root / "synthetic" / "truth" / "*.parquet")
+    with duckdb.connect() as connection:
+        mapping = connection.sql("SELECT entity_id, canonical_id, 'truth' AS method, 1.0 AS score FROM read_parquet($truth)",
+                                 params={"truth": truth}).to_arrow_table().cast(tables.ENTITY_RESOLUTION)
+        canonical = connection.sql(
+            "SELECT canonical_id, min(name) AS name, min(type) AS type, '' AS description, list(DISTINCT name) AS aliases, "
+            "count(*) AS mention_count, min(seen_at) AS first_seen, max(seen_at) AS last_seen, NULL AS merged_into, "
+            "'synthetic truth' AS source FROM read_parquet($truth) GROUP BY canonical_id", params={"truth": truth}).to_arrow_table()
+    canonical = pa.Table.from_arrays([canonical.column(f.name).cast(f.type) for f in tables.CANONICAL_ENTITIES],
+                                     schema=tables.CANONICAL_ENTITIES)
+    stamp = Stamp("canonical_entities", RESOLUTION_VERSION, global_inputs(consistent_versions(store), {})["canonical_entities"])
+    store.write(store.global_path("canonical_entities", "entity_resolution"), stamped(mapping, stamp))
+    store.write(store.global_path("canonical_entities"), stamped(canonical, stamp))
+    return {"mentions": mapping.num_rows, "canonical_entities": canonical.num_rows}
+
+
+def resolution_sharing(root: Path) -> dict:
+    """How many canonical entities (and their mentions) more than one company's calls mention:
+    what splitting resolution by company would cut apart."""
+    import duckdb
+
+    entities = str(root / "parquet" / "entities" / "company=*" / "quarter=*" / "entities.parquet")
+    mapping = str(root / "parquet" / "canonical_entities" / "entity_resolution.parquet")
+    with duckdb.connect() as connection:
+        row = connection.execute("""
+            WITH per_entity AS (
+                SELECT r.canonical_id, count(*) AS mentions, count(DISTINCT e.company) AS companies
+                FROM read_parquet($entities) AS e JOIN read_parquet($mapping) AS r USING (entity_id)
+                GROUP BY r.canonical_id)
+            SELECT count(*), count(*) FILTER (WHERE companies > 1), sum(mentions), sum(mentions) FILTER (WHERE companies > 1),
+                   max(companies)
+            FROM per_entity""", {"entities": entities, "mapping": mapping}).fetchone()
+    entities_total, shared, mentions, shared_mentions, widest = row
+    return {"canonical_entities": entities_total, "mentioned_by_several_companies": shared,
+            "share_of_mentions_in_those": round(shared_mentions / mentions, 3) if mentions else None,
+            "most_companies_one_entity": widest}
+
+
+def invalidation_sharing(root: Path, links) -> dict:
+    """Where candidate selection's work is: block sizes ((canonical entity, predicate group),
+    the unit the sweep works in), the share of the sweep's work (sum of block size squared) in
+    blocks that span several companies, and the judge pairs whose two events are one company's."""
+    import duckdb
+    import polars as pl
+
+    events = str(root / "parquet" / "temporal_events" / "company=*" / "quarter=*" / "temporal_events.parquet")
+    judgments = str(root / "parquet" / "invalidated_events" / "invalidation_judgments.parquet")
+    with duckdb.connect() as connection:
+        company = pl.from_arrow(connection.sql("SELECT event_id, company FROM read_parquet($events)",
+                                               params={"events": events}).to_arrow_table())
+        # Judge requests a quarter of new calls makes: the primaries of the pairs its events make
+        # askable (a pair is askable once its later event exists; older pairs are in the verdict cache).
+        pairs, same_company, primaries, requests, events_total = connection.execute("""
+            WITH pairs AS (
+                SELECT j.primary_event_id, p.company = s.company AS same_company,
+                       date_trunc('quarter', greatest(p.created_at, s.created_at)) AS askable
+                FROM read_parquet($judgments) AS j
+                JOIN read_parquet($events) AS p ON p.event_id = j.primary_event_id
+                JOIN read_parquet($events) AS s ON s.event_id = j.secondary_event_id
+                WHERE j.cosine IS NOT NULL)
+            SELECT count(*), count(*) FILTER (WHERE same_company), count(DISTINCT primary_event_id),
+                   (SELECT sum(primaries) FROM (SELECT count(DISTINCT primary_event_id) AS primaries FROM pairs GROUP BY askable)),
+                   (SELECT count(*) FROM read_parquet($events))
+            FROM pairs""", {"judgments": judgments, "events": events}).fetchone()
+    result = {"events": events_total, "judge_pairs": pairs,
+              "share_of_pairs_within_one_company": round(same_company / pairs, 3) if pairs else None,
+              # one build of the whole graph asks once per primary; a quarter at a time re-asks a
+              # primary in every quarter that brings it a new candidate
+              "judge_requests_per_1000_events_whole_graph": round(1000 * primaries / events_total, 2),
+              "judge_requests_per_1000_new_events": round(1000 * (requests or 0) / events_total, 2)}
+    if links is None:
+        return result
+    blocks = (pl.from_arrow(links).join(company, on="event_id")
+              .group_by(["canonical_id", "predicate_group"])
+              .agg(pl.col("event_id").n_unique().alias("events"), pl.col("company").n_unique().alias("companies"))
+              .filter(pl.col("events") > 1).sort("events", descending=True))
+    work = blocks["events"].cast(pl.Float64) ** 2
+    result.update({
+        "blocks": blocks.height,
+        "largest_blocks": blocks.head(5).to_dicts(),
+        "share_of_sweep_work_in_blocks_of_several_companies": round(float(work.filter(blocks["companies"] > 1).sum() / work.sum()), 3),
+        "share_of_sweep_work_in_largest_1pct_blocks": round(float(work.head(max(1, blocks.height // 100)).sum() / work.sum()), 3),
+    })
+    return result
+
+
+def _worker_generate(root: Path, events: int, workers: int) -> int:
+    size = synthetic.write_scaled_store(root, events, workers, log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(json.dumps({**vars(size), "rows": dict(size.rows)}))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------
+# In the parent: stores, steps, guards
+# ------------------------------------------------------------------------------------------
+
+
+def run_child(arguments: list[str], directory: Path, timeout_s: float, args) -> dict:
+    """This script with `arguments` in a watched child: its JSON report, with the memory samples
+    turned into the step's peak and each phase's peak."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / PHASE_LOG).unlink(missing_ok=True)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    available = _meminfo_gb("MemAvailable")
+    command = [sys.executable, str(Path(__file__).resolve()), *arguments]
+    run = watch_child(command, directory, timeout_s, args.memory_guard_gb, args.min_available_gb)
+    outcome = {"wall_s": round(run.elapsed_s, 1), "peak_rss_gb_sampled": round(run.peak_rss_kb / 2**20, 2),
+               "load_average_before": load_before, "load_average_after": [round(x, 2) for x in os.getloadavg()],
+               "memory_available_gb_at_start": available}
+    if run.stopped or run.returncode != 0:
+        logged = [json.loads(line) for line in (directory / PHASE_LOG).read_text().splitlines()] if (directory / PHASE_LOG).exists() else []
+        if logged:
+            ended = {(e["phase"], e["start"]) for e in logged if "end" in e}
+            outcome["phases"] = phase_table([(e["phase"], e["start"], e["end"]) for e in logged if "end" in e], run.samples,
+                                            logged[0]["start"])
+            outcome["running_when_stopped"] = [e["phase"] for e in logged if "end" not in e and (e["phase"], e["start"]) not in ended]
+        return {"status": run.stopped or run.failure, **outcome, "error": run.error_tail}
+    report = json.loads((directory / "stdout").read_text().strip().splitlines()[-1])
+    spans = report.pop("spans", [])
+    if "start" in report:
+        inside = [kb for at, kb in run.samples if report["start"] <= at <= report["end"]]
+        outcome["peak_rss_gb_sampled"] = round(max(inside, default=run.peak_rss_kb) / 2**20, 2)
+        outcome["phases"] = phase_table(spans, run.samples, report["start"])
+    return {"status": "ok", **outcome, **report}
+
+
+def phase_table(spans: list, samples: list[tuple[float, int]], step_start: float) -> list[dict]:
+    """Per phase label: calls, summed seconds, first start (s into the step), peak sampled RSS."""
+    phases: dict[str, dict] = {}
+    for label, start, end in spans:
+        phase = phases.setdefault(label, {"phase": label, "calls": 0, "seconds": 0.0, "starts_at_s": round(start - step_start, 1),
+                                          "peak_rss_gb": 0.0})
+        phase["calls"] += 1
+        phase["seconds"] = round(phase["seconds"] + end - start, 2)
+        peak = max((kb for at, kb in samples if start <= at <= end), default=0)
+        phase["peak_rss_gb"] = max(phase["peak_rss_gb"], round(peak / 2**20, 2))
+    return sorted(phases.values(), key=lambda p: p["starts_at_s"])
+
+
+def measure_size(n: int, args, earlier: list[dict], log) -> dict:
+    root = args.workdir / f"events_{n}"
+    shutil.rmtree(root, ignore_errors=True)
+    log(f"size {n:,}: generating the store in {root}")
+    generation = run_child(["--worker-generate", str(root), "--events", str(n), "--generate-workers", str(args.generate_workers)],
+                           args.workdir / f"generate_{n}", args.generate_timeout, args)
+    row = {"events_requested": n, "store": {k: v for k, v in generation.items() if k not in ("phases",)}, "steps": {}}
+    if generation["status"] != "ok":
+        log(f"  generation: {generation['status']}")
+        return row
+    log(f"  store: {generation['events']:,} events, {generation['rows']['entities']:,} mentions, {generation['partitions']:,} "
+        f"partitions, {generation['bytes_on_disk'] / 2**30:.1f} GB, generated in {generation['wall_s']:.0f}s")
+    for step in STEPS:
+        needed = NEEDS.get(step)
+        if needed and row["steps"].get(needed, {}).get("status") != "ok":
+            if step == "invalidated_events":  # measure it on the ground truth instead
+                stand_in = run_child(["--worker-step", "truth_resolution", "--store", str(root)], args.workdir / f"truth_{n}",
+                                     args.step_timeout, args)
+                row["steps"]["truth_resolution"] = stand_in
+                if stand_in["status"] != "ok":
+                    row["steps"][step] = {"status": f"not run: {needed} did not finish and its stand-in failed"}
+                    continue
+            else:
+                row["steps"][step] = {"status": f"not run: it needs {needed}, which did not finish"}
+                continue
+        fit = fit_power_law([(r["store"]["events"], r["steps"][step]["wall_s"]) for r in earlier
+                             if r["steps"].get(step, {}).get("status") == "ok"])
+        projected = project(fit, generation["events"])
+        if projected is not None and projected > args.skip_factor * args.step_timeout:
+            row["steps"][step] = {"status": f"not run: projected {projected:.0f}s from the smaller sizes, "
+                                            f"more than {args.skip_factor:g}x the {args.step_timeout:.0f}s timeout",
+                                  "projected_s": round(projected)}
+            log(f"  {step}: skipped, projected {projected:.0f}s")
+            continue
+        outcome = run_child(["--worker-step", step, "--store", str(root)], args.workdir / f"{step}_{n}", args.step_timeout, args)
+        if projected is not None:
+            outcome["projected_s"] = round(projected, 1)
+        row["steps"][step] = outcome
+        peak = outcome.get("peak_rss_gb") or outcome.get("peak_rss_gb_sampled")
+        log(f"  {step}: {outcome['status']}, wall {outcome['wall_s']}s, peak RSS {peak} GB, load {outcome['load_average_after']}")
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return row
+
+
+# ------------------------------------------------------------------------------------------
+# The cost of 5,000 companies x 40 quarters
+# ------------------------------------------------------------------------------------------
+
+
+def per_call_llm(llm_home: Path | None) -> dict:
+    """Requests and tokens per call and stage: from the llm_calls accounting of a data folder
+    built with tkg's LLM path, or else from benchmarks/results/llm.json (bench_llm.py)."""
+    import duckdb
+
+    if llm_home is not None:
+        files = sorted(str(p) for p in (llm_home / "parquet" / "llm_calls").rglob("llm_calls.parquet"))
+        transcripts = sorted(str(p) for p in (llm_home / "parquet" / "transcripts").rglob("transcripts.parquet"))
+        with duckdb.connect() as connection:
+            calls = connection.execute("SELECT count(*) FROM read_parquet($f)", {"f": transcripts}).fetchone()[0]
+            events, triplets = (connection.execute("SELECT count(*) FROM read_parquet($f)", {
+                "f": sorted(str(p) for p in (llm_home / "parquet" / asset).rglob(f"{asset}.parquet"))}).fetchone()[0]
+                for asset in ("temporal_events", "triplets"))
+            # Snapshots are cumulative per partition and stage: the largest is the total.
+            rows = connection.execute("""
+                SELECT stage, any_value(model), sum(requests), sum(input_tokens), sum(cached_input_tokens), sum(output_tokens)
+                FROM (SELECT stage, company, quarter, arg_max(model, requests) AS model, max(requests) AS requests,
+                             max(input_tokens) AS input_tokens, max(cached_input_tokens) AS cached_input_tokens,
+                             max(output_tokens) AS output_tokens
+                      FROM read_parquet($f, union_by_name = true) GROUP BY ALL)
+                GROUP BY stage ORDER BY stage""", {"f": files}).fetchall()
+        stages = {stage: {"model": model, "requests": int(r), "input_tokens": int(i), "cached_input_tokens": int(c),
+                          "output_tokens": int(o)} for stage, model, r, i, c, o in rows}
+        source = f"llm_calls of {llm_home} ({calls} calls, {events} events, {triplets} triplets)"
+    else:
+        recorded = json.loads((HERE / "results" / "llm.json").read_text())
+        run = next(r for r in recorded["runs"] if r["config"] == "tkg_default_batch")
+        calls, events, triplets = len(recorded["input"]["calls"]), run["events"], run["triplets"]
+        stages = {stage: {"model": EMBEDDING_MODEL if stage == "embeddings" else "gpt-4.1-mini", "requests": s["requests"],
+                          "input_tokens": s["input_tokens"], "cached_input_tokens": s["cached_input_tokens"],
+                          "output_tokens": s["output_tokens"]} for stage, s in run["stages"].items()}
+        source = "benchmarks/results/llm.json, tkg_default_batch repeat 1"
+    return {"source": source, "calls": calls, "events": events, "triplets": triplets, "stages": stages}
+
+
+def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | None) -> dict:
+    """LLM requests, tokens and dollars a quarter of new calls costs at TARGET_COMPANIES, from
+    the measured per-call accounting; the judge's share from judge-request rates (per 1,000 new
+    events) measured on the real corpus and on the largest synthetic store; the global steps at
+    TARGET_QUARTERS from power laws fitted on the measured sizes."""
+    from tkg.llm.settings import DEFAULT_PRICES
+
+    calls = measured_llm["calls"]
+    events_per_call = measured_llm["events"] / calls
+    per_call = {stage: {k: round(v[k] / calls, 1) for k in ("requests", "input_tokens", "cached_input_tokens", "output_tokens")}
+                for stage, v in measured_llm["stages"].items() if stage != "judge"}
+    judge = measured_llm["stages"].get("judge")
+    per_judge = {k: judge[k] / judge["requests"] for k in ("input_tokens", "cached_input_tokens", "output_tokens")} if judge else None
+
+    def dollars(model: str, stage: str, tokens: dict) -> float:
+        price = DEFAULT_PRICES[EMBEDDING_MODEL if stage == "embeddings" else model]
+        uncached = tokens["input_tokens"] - tokens["cached_input_tokens"]
+        return (uncached * price[0] + tokens["cached_input_tokens"] * price[1] + tokens["output_tokens"] * price[2]) / 1e6
+
+    rates = {}
+    if real_corpus:
+        rates["real corpus"] = real_corpus["invalidation"]
+    finished = [r for r in sizes if r["steps"].get("invalidated_events", {}).get("status") == "ok"]
+    if finished:
+        rates[f"synthetic, {finished[-1]['store']['events']:,} events"] = finished[-1]["steps"]["invalidated_events"]["sharing"]
+    events_per_quarter = TARGET_COMPANIES * events_per_call
+    total_events = TARGET_QUARTERS * events_per_quarter
+    judge_work = {}
+    for source, rate in rates.items():
+        quarter_requests = rate["judge_requests_per_1000_new_events"] * events_per_quarter / 1000
+        backfill_requests = rate["judge_requests_per_1000_events_whole_graph"] * total_events / 1000
+        judge_work[source] = {
+            "per_1000_new_events": rate["judge_requests_per_1000_new_events"], "requests_per_quarter": round(quarter_requests),
+            "per_1000_events_whole_graph": rate["judge_requests_per_1000_events_whole_graph"],
+            "requests_backfill_in_one_build": round(backfill_requests),
+            "usd_per_quarter": {m: round(dollars(m, "judge", {k: v * quarter_requests for k, v in per_judge.items()}))
+                                for m in ESTIMATE_MODELS} if per_judge else None,
+            "usd_backfill_in_one_build": {m: round(dollars(m, "judge", {k: v * backfill_requests for k, v in per_judge.items()}))
+                                          for m in ESTIMATE_MODELS} if per_judge else None}
+    extraction = {m: round(sum(dollars(m, stage, t) for stage, t in per_call.items()) * TARGET_COMPANIES) for m in ESTIMATE_MODELS}
+    # The test server's answers hold far fewer triplets per statement than the generator's
+    # stores (and an LLM's): the triplets stage's output, scaled to the generator's ratio.
+    triplet_ratio = None
+    if finished and measured_llm.get("triplets"):
+        store = finished[-1]["store"]
+        triplet_ratio = (store["rows"]["triplets"] / store["events"]) / (measured_llm["triplets"] / measured_llm["events"])
+    extra_output = per_call.get("triplets", {}).get("output_tokens", 0) * (triplet_ratio - 1) if triplet_ratio else 0
+    projections = {}
+    for step in STEPS:
+        points = [(r["store"]["events"], r["steps"][step]) for r in sizes if r["steps"].get(step, {}).get("status") == "ok"]
+        time_fit = fit_power_law([(n, s["wall_s"]) for n, s in points][-2:])
+        memory_fit = fit_power_law([(n, s.get("peak_rss_gb") or s["peak_rss_gb_sampled"]) for n, s in points][-2:])
+        projections[step] = {
+            "from_sizes": [n for n, _ in points][-2:],
+            "time_exponent": round(time_fit[1], 2) if time_fit else None,
+            "projected_wall_s": round(project(time_fit, total_events)) if time_fit else None,
+            "memory_exponent": round(memory_fit[1], 2) if memory_fit else None,
+            "projected_peak_rss_gb": round(project(memory_fit, total_events), 1) if memory_fit else None}
+    return {
+        "assumptions": {
+            "companies": TARGET_COMPANIES, "quarters": TARGET_QUARTERS, "calls_per_quarter": TARGET_COMPANIES,
+            "events_per_call": round(events_per_call, 1), "events_per_quarter": round(events_per_quarter),
+            "events_after_40_quarters": round(total_events),
+            "prices_usd_per_million_tokens": {m: dict(zip(("input", "cached_input", "output"), DEFAULT_PRICES[m]))
+                                              for m in (*ESTIMATE_MODELS, EMBEDDING_MODEL)},
+            "prices_note": "tkg.llm.settings.DEFAULT_PRICES (OpenAI standard-tier list prices), assumed as of 2026; "
+                           "flex or the Batch API bill about half",
+            "per_call_source": measured_llm["source"],
+        },
+        "per_call": per_call,
+        "per_judge_request": {k: round(v) for k, v in per_judge.items()} if per_judge else None,
+        "per_quarter": {
+            "calls": TARGET_COMPANIES,
+            "extraction_requests": round(sum(t["requests"] for t in per_call.values()) * TARGET_COMPANIES),
+            "input_tokens": round(sum(t["input_tokens"] for t in per_call.values()) * TARGET_COMPANIES),
+            "cached_input_tokens": round(sum(t["cached_input_tokens"] for t in per_call.values()) * TARGET_COMPANIES),
+            "output_tokens": round(sum(t["output_tokens"] for t in per_call.values()) * TARGET_COMPANIES),
+            "extraction_usd": extraction,
+            "judge": judge_work,
+            "triplet_output_sensitivity": {
+                "triplets_per_statement_ratio_generator_over_test_server": round(triplet_ratio, 1) if triplet_ratio else None,
+                "extra_output_tokens": round(extra_output * TARGET_COMPANIES),
+                "extra_usd": {m: round(extra_output * TARGET_COMPANIES * DEFAULT_PRICES[m][2] / 1e6) for m in ESTIMATE_MODELS}},
+        },
+        "backfill_40_quarters_extraction_usd": {m: v * TARGET_QUARTERS for m, v in extraction.items()},
+        "global_steps_at_target": projections,
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------
+
+
+def markdown(report: dict) -> str:
+    lines = ["| events | mentions | triplets | companies | partitions | store GB | step | wall s | peak RSS GB | notes |",
+             "|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    for row in report["sizes"]:
+        store = row["store"]
+        if store.get("status") != "ok":
+            lines.append(f"| {row['events_requested']:,} | | | | | | generate | {store.get('wall_s')} | | {store['status']} |")
+            continue
+        head = (f"| {store['events']:,} | {store['rows']['entities']:,} | {store['rows']['triplets']:,} | {store['companies']:,} | "
+                f"{store['partitions']:,} | {store['bytes_on_disk'] / 2**30:.1f} |")
+        lines.append(f"{head} generate the store | {store['wall_s']:.0f} | {store['peak_rss_gb_sampled']} | (not a tkg step) |")
+        for step, outcome in row["steps"].items():
+            peak = outcome.get("peak_rss_gb") or outcome.get("peak_rss_gb_sampled")
+            notes = "" if outcome["status"] == "ok" else outcome["status"]
+            slowest = sorted(outcome.get("phases", []), key=lambda p: -p["seconds"])[:3]
+            if slowest:
+                notes = "; ".join(f"{p['phase']} {p['seconds']:.1f}s/{p['peak_rss_gb']} GB" for p in slowest) + (f"; {notes}" if notes else "")
+            wall = outcome.get("wall_s", "")
+            lines.append(f"| | | | | | | {step} | {wall} | {peak if peak is not None else ''} | {notes} |")
+    estimate = report.get("cost_estimate")
+    if estimate:
+        q = estimate["per_quarter"]
+        lines += ["", f"Per quarter of new calls ({q['calls']:,} calls): {q['extraction_requests']:,} extraction requests, "
+                      f"{q['input_tokens']:,} input tokens ({q['cached_input_tokens']:,} cached), {q['output_tokens']:,} output tokens; "
+                      + ", ".join(f"{m} ${v:,}" for m, v in q["extraction_usd"].items())]
+        for source, work in q["judge"].items():
+            lines.append(f"- judge ({source}): {work['requests_per_quarter']:,} requests a quarter "
+                         + (", ".join(f"{m} ${v:,}" for m, v in work["usd_per_quarter"].items()) if work["usd_per_quarter"] else ""))
+        for step, p in estimate["global_steps_at_target"].items():
+            lines.append(f"- {step} at {estimate['assumptions']['events_after_40_quarters']:,} events: ~{p['projected_wall_s']} s "
+                         f"(exponent {p['time_exponent']}), ~{p['projected_peak_rss_gb']} GB (exponent {p['memory_exponent']})")
+    return "\n".join(lines)
+
+
+def tkg_revision() -> dict:
+    """The commit, and a hash of uncommitted changes under tkg/ (other sessions edit the tree)."""
+    import hashlib
+    import subprocess
+
+    def git(*arguments: str) -> str:
+        return subprocess.run(["git", *arguments], check=True, cwd=HERE.parent, capture_output=True, text=True).stdout
+
+    diff = git("diff", "HEAD", "--", "tkg", "sql")
+    return {"commit": git("rev-parse", "HEAD").strip(), "uncommitted_tkg_files": len(git("diff", "HEAD", "--name-only", "--", "tkg", "sql").split()),
+            "uncommitted_diff_sha256": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="100000,1000000,5000000", help="events per store, comma-separated")
+    parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "tkg_bench_scale")
+    parser.add_argument("--step-timeout", type=float, default=1500.0, help="stop a step after this many seconds")
+    parser.add_argument("--memory-guard-gb", type=float, default=20.0, help="stop a step whose resident memory passes this")
+    parser.add_argument("--min-available-gb", type=float, default=1.0,
+                        help="stop a step when the machine's available memory falls below this (it is shared)")
+    parser.add_argument("--skip-factor", type=float, default=2.0,
+                        help="do not start a step whose projection from smaller sizes exceeds this many timeouts")
+    parser.add_argument("--generate-timeout", type=float, default=3600.0)
+    parser.add_argument("--generate-workers", type=int, default=2)
+    parser.add_argument("--llm-home", type=Path, help="a data folder built with tkg's LLM path (for the per-call figures)")
+    parser.add_argument("--real-home", type=Path,
+                        help="a data folder built from the real corpus (its judge pairs give the real judge-request rate)")
+    parser.add_argument("--keep", action="store_true", help="keep the generated stores")
+    parser.add_argument("--resume", action="store_true", help="keep the sizes --output already holds; measure the others")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--worker-step", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-generate", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--events", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker_step:
+        return _worker_step(args.worker_step, args.store)
+    if args.worker_generate:
+        return _worker_generate(args.worker_generate, args.events, args.generate_workers)
+
+    def log(message: str) -> None:
+        print(f"[{datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+    if not synthetic.CORPUS.exists():
+        print(f"SKIPPED: {synthetic.CORPUS} not found (the generator builds its names from the real corpus)")
+        return 0
+    started, load_start = time.perf_counter(), os.getloadavg()
+    report = {
+        "benchmark": "tkg's global steps on synthetic stores of growing size",
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": "nice -n 5 python benchmarks/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine(),
+        "niceness": os.nice(0),
+        "tkg_revision": tkg_revision(),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not k.startswith("worker")},
+        "generator": {"events_per_call": synthetic.EVENTS_PER_CALL, "distinct_bases": synthetic.DISTINCT_BASES,
+                      "calls_per_copy": len(synthetic.get_universe().calls)},
+        "sizes": [],
+    }
+    if args.resume and args.output.exists():
+        report["sizes"] = [r for r in json.loads(args.output.read_text())["sizes"] if r["store"].get("status") == "ok"]
+        report["resumed_from_earlier_run"] = [r["events_requested"] for r in report["sizes"]]
+    for n in sorted(int(s) for s in args.sizes.split(",") if s.strip()):
+        if any(r["events_requested"] == n for r in report["sizes"]):
+            continue
+        report["sizes"].append(measure_size(n, args, report["sizes"], log))
+        report["total_seconds"] = round(time.perf_counter() - started, 1)
+        report["load_average_start_end"] = [[round(x, 2) for x in load_start], [round(x, 2) for x in os.getloadavg()]]
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    report["llm_per_call_measured"] = per_call_llm(args.llm_home)
+    if args.real_home:
+        report["real_corpus"] = {"home": str(args.real_home), "resolution": resolution_sharing(args.real_home),
+                                 "invalidation": invalidation_sharing(args.real_home, None)}
+    report["cost_estimate"] = cost_estimate(report["sizes"], report["llm_per_call_measured"], report.get("real_corpus"))
+    args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(markdown(report))
+    print(f"\nResults: {args.output} (total {report['total_seconds']}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
