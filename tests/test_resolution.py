@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -348,3 +349,18 @@ def test_mapping_does_not_depend_on_row_order_even_with_a_repeated_id():
     assert mapping.num_rows == 4 and len(set(mapping.column("canonical_id").to_pylist())) == 4
     for order in ([3, 2, 1, 0], [1, 3, 0, 2]):
         assert resolve_entities(table.take(order)).mapping.equals(mapping)
+
+
+def test_rows_are_taken_chunk_by_chunk_in_the_order_asked():
+    """`take_rows` (used where resolution reads the evidence of a few groups out of millions of
+    mentions) gives what Table.take gives, without joining the chunks of the column first."""
+    from tkg.arrays import take_rows
+
+    schema = pa.schema([("row", pa.int64()), ("embedding", pa.list_(pa.float32()))])
+    batches = [pa.record_batch({"row": list(range(start, start + size)),
+                                "embedding": [[float(n), -float(n)] for n in range(start, start + size)]}, schema=schema)
+               for start, size in ((0, 7), (7, 1), (8, 0), (8, 12))]
+    table = pa.Table.from_batches(batches, schema=schema)
+    rows = np.random.default_rng(3).integers(0, table.num_rows, 40)
+    assert take_rows(table, rows).to_pylist() == table.take(pa.array(rows)).to_pylist()
+    assert take_rows(table, np.array([], dtype=np.int64)).num_rows == 0

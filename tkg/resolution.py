@@ -45,7 +45,7 @@ from nicknames import NickNamer
 from rapidfuzz import fuzz, process
 
 from tkg import tables
-from tkg.arrays import run_starts
+from tkg.arrays import run_starts, take_rows
 from tkg.companies import Company, load_companies
 from tkg.embeddings import embedding_matrix
 from tkg.names import company_for_name, fold, organisation_key
@@ -329,7 +329,7 @@ class NameGroups:
         embedding (None without embeddings), all read in one pass."""
         wanted = sorted(set(wanted))
         picked = self.rows.filter(pl.col("group").is_in(wanted)).sort("group", maintain_order=True)
-        taken = self.mentions.select(["description", "embedding"]).take(pa.array(picked["row"].to_numpy()))
+        taken = take_rows(self.mentions.select(["description", "embedding"]), picked["row"].to_numpy())
         owners = picked["group"].to_numpy()
         descriptions: dict[int, set[str]] = {group: set() for group in wanted}
         for group, description in zip(owners.tolist(), taken.column("description").to_pylist()):
