@@ -95,6 +95,8 @@ def test_a_partition_removed_from_the_object_store_is_gone(bucket_env, tmp_path)
 def test_a_bad_storage_uri_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="s3://bucket/prefix"):
         ParquetStore(tmp_path, "gs://bucket/prefix")
+    with pytest.raises(ValueError, match="unsupported storage URI 's3:/bucket'"):  # a typo, not a folder named 's3:'
+        ParquetStore(tmp_path, "s3:/bucket")
     with pytest.raises(ValueError, match="names no bucket"):
         ParquetStore(tmp_path, "s3://")
     failed = run_tkg(tmp_path / "home", "build", env={"TKG_STORAGE": "ftp://somewhere/x"})

@@ -110,7 +110,7 @@ def open_location(uri: str) -> tuple[pafs.FileSystem, str]:
         if not bucket_and_prefix:
             raise ValueError(f"{uri!r} names no bucket; use s3://bucket/prefix")
         return _s3_filesystem(), bucket_and_prefix
-    if "://" in uri and not uri.startswith("file://"):
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:", uri) and not uri.startswith("file://"):  # a scheme, not a folder
         raise ValueError(f"unsupported storage URI {uri!r}: use a local folder or s3://bucket/prefix")
     return pafs.LocalFileSystem(), str(Path(uri.removeprefix("file://")).expanduser().resolve())
 
