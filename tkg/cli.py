@@ -395,7 +395,7 @@ def _print_counts(path: Path) -> bool:
     with duckdb.connect(str(path), read_only=True) as connection:
         table = Table("table", "rows", title=str(path))
         for name in ("transcripts", "chunks", "statements", "events", "triplets", "entities", "canonical_entities",
-                     "facts", "invalidation_judgments"):
+                     "facts", "metrics", "invalidation_judgments"):
             table.add_row(name, f"{connection.execute(f'SELECT count(*) FROM {name}').fetchone()[0]:,}")
         invalidated = connection.execute("SELECT count(*) FROM events WHERE invalidated_by IS NOT NULL").fetchone()[0]
         table.add_row("events invalidated", f"{invalidated:,}")
