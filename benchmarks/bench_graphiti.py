@@ -397,17 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # Graphiti warns for every dangling edge endpoint it materialises; the counts are in the results
     logging.getLogger("graphiti_core").setLevel(logging.ERROR)
-    side_by_side = SideBySide(args)
-    try:
-        results = side_by_side.run()
-    finally:
-        side_by_side.close()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print()
-    print(markdown(results))
-    print(f"\nwritten {args.out} ({results['total_minutes']} min)")
-    return 0
+    return bench_llm.run_and_report(SideBySide(args), args.out, markdown)
 
 
 if __name__ == "__main__":

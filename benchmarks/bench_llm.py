@@ -861,16 +861,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SKIPPED: {DATA} not found (the real earnings-call corpus lives in ../shared; "
               "set TKG_EARNINGS_CALLS to its transcripts.parquet)")
         return 0
-    bench = Bench(args)
+    return run_and_report(Bench(args), args.out, markdown)
+
+
+def run_and_report(bench, out: Path, render) -> int:
+    """Run a side-by-side benchmark (closing its servers whatever happens), write its JSON to
+    `out` and print its tables (`render`)."""
     try:
         results = bench.run()
     finally:
         bench.close()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print()
-    print(markdown(results))
-    print(f"\nwritten {args.out} ({results['total_minutes']} min)")
+    print(render(results))
+    print(f"\nwritten {out} ({results['total_minutes']} min)")
     return 0
 
 

@@ -712,10 +712,15 @@ def main(argv: list[str] | None = None) -> int:
         "total_seconds": round(time.perf_counter() - started, 1),
         "load_average_start_end": [[round(x, 2) for x in load_start], [round(x, 2) for x in os.getloadavg()]],
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(markdown(report))
-    print(f"\nResults: {args.output} (total {report['total_seconds']}s)")
+    return write_report(report, args.output, markdown)
+
+
+def write_report(report: dict, output: Path, render) -> int:
+    """Write a benchmark's JSON to `output` and print its tables (`render`)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(render(report))
+    print(f"\nResults: {output} (total {report['total_seconds']}s)")
     return 0
 
 

@@ -36,6 +36,7 @@ from bench_resolution_invalidation import (
     machine,
     project,
     watch_child,
+    write_report,
 )
 
 RESULTS = HERE / "results" / "scale.json"
@@ -577,10 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         report["real_corpus"] = {"home": str(args.real_home), "resolution": resolution_sharing(args.real_home),
                                  "invalidation": invalidation_sharing(args.real_home, None)}
     report["cost_estimate"] = cost_estimate(report["sizes"], report["llm_per_call_measured"], report.get("real_corpus"))
-    args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(markdown(report))
-    print(f"\nResults: {args.output} (total {report['total_seconds']}s)")
-    return 0
+    return write_report(report, args.output, markdown)
 
 
 if __name__ == "__main__":
