@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -139,7 +140,9 @@ def test_status_names_what_is_stale_and_remove_reopens_what_only_a_partition_ret
 
 
 def _duckdb_cli() -> str | None:
-    return shutil.which("duckdb")
+    """The CLI on PATH, or the one installed beside this Python (a venv that is not activated)."""
+    beside = Path(sys.executable).parent / "duckdb"
+    return shutil.which("duckdb") or (str(beside) if beside.exists() else None)
 
 
 @pytest.mark.skipif(_duckdb_cli() is None, reason="the DuckDB CLI (PyPI package duckdb-cli, in the test extras) is not installed")
