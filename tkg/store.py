@@ -90,16 +90,17 @@ def storage_uri(home: str | os.PathLike) -> str:
     return os.environ.get("TKG_STORAGE") or str(Path(home).expanduser().resolve() / "parquet")
 
 
-def _s3_filesystem(**options) -> pafs.S3FileSystem:
+def _s3_filesystem() -> pafs.S3FileSystem:
     """pyarrow's S3 client with the standard AWS settings: credentials and region from the usual
     variables and files, and AWS_ENDPOINT_URL for S3-compatible stores (MinIO, Ceph, R2, moto)."""
+    options = {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         scheme, _, host = endpoint.partition("://")
         options.update(endpoint_override=host.rstrip("/") if host else endpoint, scheme=scheme if host else "https")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
-        options.setdefault("region", region)
+        options["region"] = region
     return pafs.S3FileSystem(**options)
 
 
@@ -165,7 +166,7 @@ class ParquetStore:
     def files(self, pattern: str) -> list[PurePath]:
         """The files under the Parquet root whose relative path matches `pattern` (a glob:
         `*` within a folder, `**/` across folders), sorted."""
-        fixed = pattern.split("*", 1)[0].rsplit("/", 1)[0] if "/" in pattern.split("*", 1)[0] else ""
+        fixed = pattern.split("*", 1)[0].rpartition("/")[0]  # the folder before the first wildcard
         base = self.parquet_root / fixed if fixed else self.parquet_root
         selector = pafs.FileSelector(str(base), recursive=True, allow_not_found=True)
         matcher = _glob_regex(pattern)
@@ -220,9 +221,6 @@ class ParquetStore:
         except FileNotFoundError:
             return None
 
-    def exists(self, asset: str) -> bool:
-        return bool(self.files(f"{asset}/company=*/quarter=*/*.parquet") or self.files(f"{asset}/*.parquet"))
-
     def relation(self, connection: duckdb.DuckDBPyConnection, files: list[PurePath]) -> duckdb.DuckDBPyRelation:
         """The files as one DuckDB relation, columns matched by name. A local store is scanned by
         DuckDB itself; an object store is read through pyarrow (DuckDB's httpfs extension cannot be
@@ -243,7 +241,6 @@ class ParquetStore:
             if columns:
                 relation = relation.select(*(duckdb.ColumnExpression(c) for c in columns))
             return relation.to_arrow_table()
-
 
 
 def _object(uri: str) -> tuple[pafs.FileSystem, str]:
