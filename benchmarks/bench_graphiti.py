@@ -6,9 +6,9 @@ provider and calls.
 
 Needs the `bench` extra (`pip install -e '.[bench]'`: graphiti-core 0.31.2, kuzu 0.11.3, httpx).
 
-One provider process (`tkg.testing.openai_server`, 300 ms per request, 32 slots, 429 +
+One provider process (`fakes.openai_server`, 300 ms per request, 32 slots, 429 +
 Retry-After beyond) answers every side: tkg's and the baseline's schemas with
-`PipelineResponder`, Graphiti's with `GraphitiResponder` (tkg/testing/graphiti_responder.py,
+`PipelineResponder`, Graphiti's with `GraphitiResponder` (fakes/graphiti_responder.py,
 answers shaped like a real model's: see benchmarks/README.md). Runs, one after another, each
 on a fresh graph:
 
@@ -56,7 +56,7 @@ sys.path.insert(0, str(HERE))
 import bench_llm  # noqa: E402  (after the path and the telemetry switch)
 from bench_llm import API_KEY, COMPANY, DATA, InFlightSampler  # noqa: E402
 
-RESPONDER = "tkg.testing.graphiti_responder:BenchResponder"
+RESPONDER = "fakes.graphiti_responder:BenchResponder"
 MODEL = "gpt-4.1-mini"  # the model tkg and the baseline ask for
 log = logging.getLogger("bench_graphiti")
 
@@ -66,7 +66,7 @@ log = logging.getLogger("bench_graphiti")
 
 def start_provider(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     """The OpenAI-compatible server with `BenchResponder`, in its own process; returns it and its URL."""
-    command = [sys.executable, "-m", "tkg.testing.openai_server", "--port", "0", "--latency", str(args.latency),
+    command = [sys.executable, "-m", "fakes.openai_server", "--port", "0", "--latency", str(args.latency),
                "--max-in-flight", str(args.max_in_flight), "--retry-after", str(args.retry_after),
                "--responder", RESPONDER, "--log-level", "warning"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -221,10 +221,10 @@ class SideBySide:
         return record
 
     def run_tkg(self) -> dict:
-        import tkg.build
+        import tkg.build.graph
 
         captured: dict = {}
-        original = tkg.build.build_graph
+        original = tkg.build.graph.build_graph
 
         def capturing(*args, **kwargs):
             report = original(*args, **kwargs)
@@ -232,11 +232,11 @@ class SideBySide:
             return report
 
         responder_control(self.bench.provider, "ResponderReset")
-        tkg.build.build_graph = capturing
+        tkg.build.graph.build_graph = capturing
         try:
             record = self.bench.run_tkg("tkg_default_batch", None, self.bench.work / "cache-tkg.sqlite", 1)
         finally:
-            tkg.build.build_graph = original
+            tkg.build.graph.build_graph = original
         record["graph"] = {key: value for key, value in sorted(captured.items())}
         return self._finish(record)
 
@@ -245,8 +245,8 @@ class SideBySide:
         return self._finish(self.bench.run_baseline("baseline", 1))
 
     def run_graphiti(self, mode: str) -> dict:
-        from tkg.companies import get_company
-        from tkg.parsing import parse_transcript
+        from tkg.core.companies import get_company
+        from tkg.ingest.parsing import parse_transcript
 
         company = get_company(COMPANY)
         transcripts = [parse_transcript(row, company) for row in self.bench.rows]

@@ -4,7 +4,7 @@ OpenAI-compatible server that behaves like a rate-limited provider.
     python benchmarks/bench_llm.py                     # 3 repeats, 300 ms latency, provider limit 32
     python benchmarks/bench_llm.py --repeats 1 --limit 1 --no-faults   # quick smoke run
 
-The provider is `tkg.testing.openai_server` with `tkg.testing.responders:PipelineResponder`,
+The provider is `fakes.openai_server` with `fakes.responders:PipelineResponder`,
 started here as a separate process (its CPU does not share this process's GIL): a fixed
 latency per request, at most `--max-in-flight` requests in flight and 429 + Retry-After beyond
 that, tokens counted as a provider would (about 4 characters per token). Its counters are reset
@@ -24,7 +24,7 @@ Runs (each on a fresh output directory; "fresh" cache = a new empty response cac
 - tkg with its defaults, fresh cache, with random 429s and 500s injected by the server
 - the baseline under the same injected faults (skip with --no-baseline-faults)
 
-tkg runs through its library entry point `tkg.build.build_graph` (all four partitions at once,
+tkg runs through its library entry point `tkg.build.graph.build_graph` (all four partitions at once,
 `concurrent_partitions=4`, one shared `LLMClient`), which also parses, chunks, resolves
 entities, judges invalidations and writes Parquet: all of that is inside tkg's wall time. The
 baseline's wall time covers its chunking, its LLM requests and its pairwise judge.
@@ -90,9 +90,9 @@ class Provider:
         self.latency_s, self.max_in_flight, self.retry_after_s = latency_s, max_in_flight, retry_after_s
         self.process: subprocess.Popen | None = None
         if url is None:
-            command = [sys.executable, "-m", "tkg.testing.openai_server", "--port", "0", "--latency", str(latency_s),
+            command = [sys.executable, "-m", "fakes.openai_server", "--port", "0", "--latency", str(latency_s),
                        "--max-in-flight", str(max_in_flight), "--retry-after", str(retry_after_s),
-                       "--responder", "tkg.testing.responders:PipelineResponder", "--log-level", "warning"]
+                       "--responder", "fakes.responders:PipelineResponder", "--log-level", "warning"]
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             lines: queue.Queue = queue.Queue()
             threading.Thread(target=lambda: [lines.put(line) for line in self.process.stdout], daemon=True).start()
@@ -179,12 +179,13 @@ class InFlightSampler:
 
 class PhaseRecorder:
     """Wraps tkg's stage functions to record (stage, partition, start, end) spans: every
-    partitioned stage (`tkg.stages.compute_stage`) and the global steps of `tkg.build`."""
+    partitioned stage (`tkg.build.stages.compute_stage`) and the global steps of `tkg.build.graph`."""
 
     GLOBAL_STEPS = ("run_canonical_entities", "run_invalidation", "run_fact_relevance")
 
     def __init__(self) -> None:
-        from tkg import build, stages
+        from tkg.build import graph as build
+        from tkg.build import stages
 
         self.spans: list[tuple[str, str, float, float]] = []
         self.t0 = time.perf_counter()
@@ -318,8 +319,8 @@ class Bench:
         self.diagnostics: dict = {}
         self.started = time.perf_counter()
 
-        from tkg.embeddings import WordLlamaEmbedder
-        from tkg.sources import load_source, quarter_start
+        from tkg.core.embeddings import WordLlamaEmbedder
+        from tkg.ingest.sources import load_source, quarter_start
 
         self.source = load_source(str(DATA))
         rows = [r for r in self.source.rows if r.company == COMPANY and r.call_date in CALL_DATES]
@@ -396,15 +397,15 @@ class Bench:
 
     def run_tkg(self, label: str, batch_size: int | None, cache_path: Path, repeat: int, faults: bool = False,
                 profile: bool = False, max_in_flight: int | None = None) -> dict:
-        from tkg import tables
-        from tkg.build import build_graph
-        from tkg.embeddings import WordLlamaEmbedder
+        from tkg.build.graph import build_graph
+        from tkg.build.stages import Components
+        from tkg.core import tables
+        from tkg.core.embeddings import WordLlamaEmbedder
         from tkg.llm.cache import ResponseCache
         from tkg.llm.client import LLMClient
         from tkg.llm.extractor import LLMExtractor, OpenAIEmbedder
         from tkg.llm.settings import LLMSettings
-        from tkg.stages import Components
-        from tkg.store import ParquetStore
+        from tkg.store.parquet import ParquetStore
 
         settings = LLMSettings(base_url=self.provider.base_url)  # tkg's defaults, as a user gets them
         max_in_flight = max_in_flight or self.args.tkg_max_in_flight
@@ -496,9 +497,9 @@ class Bench:
     def run_baseline(self, label: str, repeat: int, faults: bool = False) -> dict:
         from cookbook_baseline import BaselineTranscript, CookbookBaseline, judge_pairs
 
-        from tkg.companies import get_company
-        from tkg.extraction.base import DocumentContext
-        from tkg.parsing import parse_transcript
+        from tkg.core.companies import get_company
+        from tkg.extract.base import DocumentContext
+        from tkg.ingest.parsing import parse_transcript
 
         pairs = judge_pairs(self.cases)
         baseline = CookbookBaseline(self.provider.base_url, API_KEY, self.chunk_embedder,
@@ -591,13 +592,13 @@ class Bench:
         from cookbook_baseline import MODEL, CookbookBaseline
         from openai.lib._parsing._responses import type_to_text_format_param
 
-        from tkg.companies import get_company
-        from tkg.extraction.base import DocumentContext, StageStats
+        from tkg.core.companies import get_company
+        from tkg.core.models import RawStatement
+        from tkg.extract.base import DocumentContext, StageStats
+        from tkg.ingest.parsing import parse_transcript
         from tkg.llm.client import LLMClient
         from tkg.llm.settings import LLMSettings
         from tkg.llm.wire import ValidityOut, parse_validity
-        from tkg.models import RawStatement
-        from tkg.parsing import parse_transcript
 
         company = get_company(COMPANY)
         transcript = parse_transcript(self.rows[0], company)
@@ -733,7 +734,7 @@ class Bench:
                          "retry_after_s": self.args.retry_after, "injected_faults": {"p_429": self.args.p_429,
                                                                                      "p_500": self.args.p_500,
                                                                                      "seed": self.args.fault_seed},
-                         "responder": "tkg.testing.responders:PipelineResponder", "separate_process": self.provider.process is not None},
+                         "responder": "fakes.responders:PipelineResponder", "separate_process": self.provider.process is not None},
             "input": {"source": str(DATA), "company": COMPANY, "calls": [r.call_date.isoformat() for r in self.rows]},
             "reference": {k: v for k, v in (self.reference or {}).items() if k != "per_chunk"},
             "judge_pairs_from_tkg": sum(len(c.candidates) for c in self.cases),

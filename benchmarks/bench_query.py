@@ -76,9 +76,9 @@ def main() -> None:
                        env={**env, "TKG_HOME": str(home)}, cwd=ROOT, capture_output=True)
     path = home / "tkg.duckdb"
 
-    from tkg.ask import answer_offline
-    from tkg.query import Graph
-    from tkg.warehouse import model
+    from tkg.answer.ask import answer_offline
+    from tkg.answer.query import Graph
+    from tkg.store.warehouse import model
 
     randomness = random.Random(7)
     with duckdb.connect(str(path), read_only=True) as connection:

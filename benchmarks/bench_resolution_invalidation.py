@@ -47,11 +47,11 @@ RESULTS = HERE / "results" / "resolution_invalidation.json"
 def _clear_tkg_caches() -> None:
     """Every per-name memo cache starts cold for every timed run (the registry, the nickname
     table and the wordllama model, loaded once per process, stay loaded: caches of size 1)."""
-    import tkg.names
-    import tkg.resolution
-    import tkg.roles
+    import tkg.core.names
+    import tkg.core.roles
+    import tkg.resolve.resolution
 
-    for module in (tkg.names, tkg.resolution, tkg.roles):
+    for module in (tkg.core.names, tkg.resolve.resolution, tkg.core.roles):
         for value in vars(module).values():
             if callable(getattr(value, "cache_clear", None)) and value.cache_info().maxsize != 1:
                 value.cache_clear()
@@ -175,9 +175,9 @@ def evaluate_resolution(mentions: synthetic.Mentions, predicted_ids: list[str], 
 
 
 def retire(pairs: list[tuple[str, str]], views) -> dict[str, tuple[datetime, str]]:
-    """tkg.invalidation.invalidate()'s verdict application (RuleJudge, earliest retirement wins,
+    """tkg.invalidate.invalidation.invalidate()'s verdict application (RuleJudge, earliest retirement wins,
     a finished event's end only moves earlier), run on any list of (primary, secondary) pairs."""
-    from tkg.invalidation import JudgeCase, RuleJudge
+    from tkg.invalidate.invalidation import JudgeCase, RuleJudge
 
     by_primary: dict[str, list[str]] = defaultdict(list)
     for primary, secondary in pairs:
@@ -230,7 +230,7 @@ def profile_candidate_query(facts, links, path: Path) -> list[dict]:
     import cProfile
     import pstats
 
-    from tkg.candidates import select_candidates
+    from tkg.invalidate.candidates import select_candidates
 
     profiler = cProfile.Profile()
     profiler.runcall(select_candidates, facts, links)
@@ -271,7 +271,7 @@ def median(times: list[float]) -> float | None:
 
 
 def run_resolution(sizes, args, universe, log) -> list[dict]:
-    from tkg.resolution import resolve_entities
+    from tkg.resolve.resolution import resolve_entities
 
     rows = []
     measured: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -341,11 +341,11 @@ def _fill_extrapolations(rows: list[dict], measured: dict[str, list[tuple[int, f
 
 
 def profile_resolution(table) -> list[dict]:
-    """cProfile of one (cold-cache) tkg.resolution.resolve_entities run: where the time goes."""
+    """cProfile of one (cold-cache) tkg.resolve.resolution.resolve_entities run: where the time goes."""
     import cProfile
     import pstats
 
-    from tkg.resolution import resolve_entities
+    from tkg.resolve.resolution import resolve_entities
 
     _clear_tkg_caches()
     profiler = cProfile.Profile()
@@ -370,7 +370,7 @@ def _same_partition(a: list[str] | None, b: list[str] | None) -> bool | None:
 
 
 def run_candidates(sizes, args, universe, log) -> list[dict]:
-    from tkg import invalidation
+    from tkg.invalidate import invalidation
 
     rows = []
     measured: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -446,7 +446,7 @@ def run_candidates(sizes, args, universe, log) -> list[dict]:
 
 
 def _worker_candidates(directory: Path, repeat: int, long_run: float, memory_cap_gb: float) -> int:
-    """Child process: tkg.invalidation.select_candidates on the facts/links parquet in `directory`."""
+    """Child process: tkg.invalidate.invalidation.select_candidates on the facts/links parquet in `directory`."""
     import resource
 
     import pyarrow.parquet as pq
@@ -454,7 +454,7 @@ def _worker_candidates(directory: Path, repeat: int, long_run: float, memory_cap
     if memory_cap_gb > 0:
         cap = int(memory_cap_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    from tkg.invalidation import select_candidates
+    from tkg.invalidate.invalidation import select_candidates
 
     facts, links = pq.read_table(directory / "facts.parquet"), pq.read_table(directory / "links.parquet")
     result, times = timed_runs(lambda: select_candidates(facts, links), repeat, long_run)

@@ -5,7 +5,7 @@ fact relevance, publishing tkg.duckdb) on synthetic Parquet stores of growing si
     nice -n 5 python benchmarks/bench_scale.py [--sizes 100000,1000000,5000000] [--llm-home DIR]
 
 For every size a store is generated (benchmarks/synthetic.py, `write_scaled_store`), then each
-global step runs as tkg.build runs it, on that ParquetStore, in a child process of its own: its
+global step runs as tkg.build.graph runs it, on that ParquetStore, in a child process of its own: its
 wall time, its peak resident memory (the child's ru_maxrss, and sampled every 0.25 s), and the
 time and peak memory of its phases (tkg's functions wrapped with a clock in the child). A step
 that passes the memory guard (20 GB) or the timeout (25 min) is stopped, and that is the result.
@@ -81,9 +81,11 @@ class PhaseClock:
 
 
 def _worker_step(step: str, root: Path) -> int:
-    from tkg import build, invalidation, warehouse
-    from tkg.invalidation import RuleJudge
-    from tkg.store import ParquetStore
+    from tkg.build import graph as build
+    from tkg.invalidate import invalidation
+    from tkg.invalidate.invalidation import RuleJudge
+    from tkg.store import warehouse
+    from tkg.store.parquet import ParquetStore
 
     store = ParquetStore(root)
     clock = PhaseClock()
@@ -146,9 +148,9 @@ def write_truth_resolution(store) -> dict:
     import duckdb
     import pyarrow as pa
 
-    from tkg import tables
-    from tkg.state import RESOLUTION_VERSION, consistent_versions, global_inputs
-    from tkg.versions import Stamp, stamped
+    from tkg.build.state import RESOLUTION_VERSION, consistent_versions, global_inputs
+    from tkg.core import tables
+    from tkg.core.versions import Stamp, stamped
 
     truth = str(store.root / "synthetic" / "truth" / "*.parquet")
     with duckdb.connect() as connection:

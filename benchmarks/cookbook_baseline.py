@@ -26,7 +26,7 @@ code or prompts. What it keeps from the seed is the *request economy*, the *conc
   exceptions returned per group, and a group's pairs are all in flight at once without
   returned exceptions: one failed pair loses its group's verdicts.
 
-For a fair comparison it uses tkg's chunks (`tkg.chunking.chunk_transcript` with wordllama),
+For a fair comparison it uses tkg's chunks (`tkg.ingest.chunking.chunk_transcript` with wordllama),
 tkg's prompt templates rendered with ONE statement (or one candidate) per request, and tkg's
 structured-output schemas, over the Responses API (`client.responses.parse`): the prompts are
 the same on both sides, so the prompts are not what is measured.
@@ -52,13 +52,8 @@ from typing import TypeVar
 import openai
 from tenacity import AsyncRetrying, stop_after_attempt, wait_random_exponential
 
-from tkg.chunking import chunk_transcript
-from tkg.embeddings import Embedder
-from tkg.extraction.base import DocumentContext
-from tkg.invalidation import EventView, JudgeCase
-from tkg.llm.extractor import TEMPLATES, LLMJudge
-from tkg.llm.wire import JudgeOut, StatementsOut, TripletsOut, ValidityOut
-from tkg.models import (
+from tkg.core.embeddings import Embedder
+from tkg.core.models import (
     LABEL_DEFINITIONS,
     PREDICATE_DEFINITIONS,
     Chunk,
@@ -66,7 +61,12 @@ from tkg.models import (
     TemporalType,
     Transcript,
 )
-from tkg.prompts import RenderedPrompt, render
+from tkg.extract.base import DocumentContext
+from tkg.ingest.chunking import chunk_transcript
+from tkg.invalidate.invalidation import EventView, JudgeCase
+from tkg.llm.extractor import TEMPLATES, LLMJudge
+from tkg.llm.prompts import RenderedPrompt, render
+from tkg.llm.wire import JudgeOut, StatementsOut, TripletsOut, ValidityOut
 
 T = TypeVar("T")
 

@@ -66,7 +66,7 @@ class SeedResolution:
 
 
 def resolve(mentions: pa.Table, vectorised: bool = False, type_scoped: bool = False) -> SeedResolution:
-    """Resolve all mentions (tkg.tables.ENTITIES rows) the seed's way."""
+    """Resolve all mentions (tkg.core.tables.ENTITIES rows) the seed's way."""
     counts: Counter = Counter()
     columns = mentions.select(["entity_id", "name", "type"]).to_pydict()
     by_type: dict[str, dict[str, list[str]]] = defaultdict(dict)  # type -> name -> entity ids (insertion order)

@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tkg import tables
+from tkg.core import tables
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("TKG_BENCH_CORPUS", ROOT.parent / "shared" / "data" / "earnings_calls" / "transcripts.parquet"))
@@ -112,9 +112,9 @@ def load_corpus(path: str = str(CORPUS)) -> tuple[tuple[Call, ...], tuple[RealPa
         raise CorpusMissing(
             f"the real earnings-call corpus {path} is absent; the benchmark builds its names from it "
             "(set TKG_BENCH_CORPUS to another copy of transcripts.parquet)")
-    from tkg.companies import get_company
-    from tkg.parsing import parse_transcript
-    from tkg.sources import load_source
+    from tkg.core.companies import get_company
+    from tkg.ingest.parsing import parse_transcript
+    from tkg.ingest.sources import load_source
 
     calls, participants = [], []
     for row in load_source(path).rows:
@@ -192,7 +192,7 @@ class Universe:
         self.rng = random.Random(seed)
         self._owner: dict[tuple[str, str], str] | None = None
         self.calls, self.participants = load_corpus()
-        from tkg.companies import load_companies
+        from tkg.core.companies import load_companies
 
         self.registry = {t: c for t, c in load_companies().items() if t not in {"HLIO", "QNTX"}}  # the fictional sample
         self.identities: dict[str, Identity] = {}
@@ -559,7 +559,7 @@ def firm_key(org: str) -> str:
 
 @dataclass
 class Mentions:
-    table: pa.Table                # tkg.tables.ENTITIES
+    table: pa.Table                # tkg.core.tables.ENTITIES
     truth: np.ndarray              # ground-truth cluster id per row, as integer codes
     truth_ids: list[str]           # code -> cluster id
     kinds: list[str]               # variant kind per row
@@ -608,7 +608,7 @@ TRAP_PROBES = [
 
 
 def generate_mentions(n: int, universe: Universe | None = None, seed: int = SEED) -> Mentions:
-    """`n` entity mentions (tkg.tables.ENTITIES rows) with ground truth, deterministic in (n, seed)."""
+    """`n` entity mentions (tkg.core.tables.ENTITIES rows) with ground truth, deterministic in (n, seed)."""
     universe = universe or get_universe()
     rng = random.Random(seed * 7 + n)
     calls = list(universe.calls)
@@ -643,7 +643,7 @@ def generate_mentions(n: int, universe: Universe | None = None, seed: int = SEED
 
     descriptions = [rng.choice(identity.descriptions) for identity, _, _ in picks]
     unique_descriptions = sorted(set(descriptions))
-    from tkg.embeddings import WordLlamaEmbedder
+    from tkg.core.embeddings import WordLlamaEmbedder
 
     description_vectors = WordLlamaEmbedder().embed(unique_descriptions)
     description_index = {text: i for i, text in enumerate(unique_descriptions)}
@@ -688,7 +688,7 @@ def _stable_rank(text: str) -> int:
 
 @dataclass
 class Events:
-    events: pa.Table               # tkg.tables.EVENTS
+    events: pa.Table               # tkg.core.tables.EVENTS
     triplets: pa.Table             # resolved triplets (the schema of sql/triplets.sql)
     expected: dict[str, tuple[datetime, set[str]]]  # event_id -> (invalid_at, event ids that retire it at that date)
     counts: Counter
@@ -817,7 +817,7 @@ def generate_events(n: int, universe: Universe | None = None, seed: int = SEED) 
                 asserts[event_id] = assertion
 
     start = clock.perf_counter()
-    from tkg.embeddings import WordLlamaEmbedder
+    from tkg.core.embeddings import WordLlamaEmbedder
 
     vectors = WordLlamaEmbedder().embed([e["statement"] for e in events])
     embed_seconds = clock.perf_counter() - start
@@ -1220,7 +1220,7 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z0-9\-]*")
 _KEPT_WORDS = {"inc", "corp", "ltd", "nv", "llc", "plc", "co", "the", "of", "and", "limited", "ag", "se", "sa"}
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr", "st", "kr", "pl", "sh")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ea")
-# The generator's metric names as tkg's figure metrics (tkg.tables.FIGURES); others are segment revenue.
+# The generator's metric names as tkg's figure metrics (tkg.core.tables.FIGURES); others are segment revenue.
 _FIGURE_METRICS = {"revenue": "revenue", "gross_margin": "gross_margin", "operating_margin": "operating_margin",
                    "operating_income": "operating_income", "net_income": "net_income", "earnings_per_share": "eps",
                    "free_cash_flow": "free_cash_flow", "operating_expenses": "operating_expenses",
@@ -1244,7 +1244,7 @@ class CompanyCopies:
     are not copied: every company's calls talk about the same Samsung and the same AI."""
 
     def __init__(self, universe: Universe) -> None:
-        from tkg.resolution import GENERIC_ORG_WORDS
+        from tkg.resolve.resolution import GENERIC_ORG_WORDS
 
         kept = _KEPT_WORDS | GENERIC_ORG_WORDS | {w.lower() for p in GENERIC_PRODUCTS for w in _WORD.findall(p)}
         words: set[str] = set()
@@ -1341,8 +1341,8 @@ def _scaled_base(universe: Universe, n: int, seed: int) -> dict[str, pa.Table]:
     """One event set as the store's tables (sorted by company and quarter), plus helper columns
     a copy needs, named with a leading underscore: which names are the companies' own (to be
     renamed) and each mention's ground-truth entity."""
-    from tkg.embeddings import WordLlamaEmbedder
-    from tkg.sources import load_source
+    from tkg.core.embeddings import WordLlamaEmbedder
+    from tkg.ingest.sources import load_source
 
     generated = generate_events(n, universe, seed)
     rng = random.Random(seed * 31 + n)
@@ -1482,9 +1482,9 @@ def _copies() -> CompanyCopies:
 
 def _write_copy(job: tuple[str, int, int]) -> tuple[Counter, int]:
     """Worker: copy `copy` of the companies from base `base`, written partition by partition."""
-    from tkg.state import PARTITIONED_STAGES
-    from tkg.store import ParquetStore
-    from tkg.versions import stamped
+    from tkg.build.state import PARTITIONED_STAGES
+    from tkg.core.versions import stamped
+    from tkg.store.parquet import ParquetStore
 
     root, copy, base = job
     store = ParquetStore(root)
@@ -1520,9 +1520,9 @@ _SCHEMA_OF = {"transcripts": "TRANSCRIPTS", "chunks": "CHUNKS", "statements": "S
 
 def store_stamps() -> dict:
     """One stamp per partitioned stage, each built from the version of its inputs, as a whole
-    partition's files carry them (tkg.state.half_built checks exactly that)."""
-    from tkg.state import PARTITIONED_STAGES, STAGE_INPUTS
-    from tkg.versions import Stamp
+    partition's files carry them (tkg.build.state.half_built checks exactly that)."""
+    from tkg.build.state import PARTITIONED_STAGES, STAGE_INPUTS
+    from tkg.core.versions import Stamp
 
     stamps: dict = {}
     for stage in PARTITIONED_STAGES:  # upstream stages come first

@@ -8,14 +8,14 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from tkg.backend import Backend, allow_partial_from_env, default_home
-from tkg.embeddings import Embedder
-from tkg.extraction.base import Extractor
-from tkg.invalidation import Judge
+from tkg.build.stages import Components
+from tkg.core.embeddings import Embedder
+from tkg.extract.base import Extractor
+from tkg.ingest.sources import LoadedSource, describe, load_source
+from tkg.invalidate.invalidation import Judge
 from tkg.llm.settings import LLMSettings
-from tkg.sources import LoadedSource, describe, load_source
-from tkg.stages import Components
-from tkg.store import ParquetStore, download, upload
+from tkg.providers import Backend, allow_partial_from_env, default_home
+from tkg.store.parquet import ParquetStore, download, upload
 
 
 class TkgStorage(dg.ConfigurableResource):
@@ -97,7 +97,7 @@ class ExtractionBackend(dg.ConfigurableResource):
                     "missing (TKG_ALLOW_PARTIAL). Off: such a stage fails and keeps the partition's last good output")
 
     def plain(self) -> Backend:
-        """The same settings as a plain `tkg.backend.Backend` (what the work is done with)."""
+        """The same settings as a plain `tkg.providers.Backend` (what the work is done with)."""
         return Backend(**{name: getattr(self, name) for name in Backend.__dataclass_fields__})
 
     def llm_settings(self) -> LLMSettings:

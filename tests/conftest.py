@@ -79,6 +79,6 @@ def sample_home(tmp_path_factory):
 def corpus_rows():
     if not CORPUS.exists():
         pytest.skip(f"the real corpus is not at {CORPUS}")
-    from tkg.sources import load_source
+    from tkg.ingest.sources import load_source
 
     return load_source(str(CORPUS)).rows

@@ -14,11 +14,11 @@ import logging
 
 import pytest
 
-from tkg.agent import answer_with_model
-from tkg.backend import Backend
-from tkg.extraction.base import StageStats
-from tkg.query import Graph
-from tkg.testing.openai_server import FunctionCall, OpenAICompatibleServer, ParsedRequest, tool_outputs
+from fakes.openai_server import FunctionCall, OpenAICompatibleServer, ParsedRequest, tool_outputs
+from tkg.answer.agent import answer_with_model
+from tkg.answer.query import Graph
+from tkg.extract.base import StageStats
+from tkg.providers import Backend
 
 API_KEY = "sk-test-agent-0123456789-do-not-leak"
 QUESTION = "Who was the CFO of Helio Robotics in November 2024?"

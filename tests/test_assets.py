@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
-from tkg.checks import CHECKS
+from tkg.store.checks import CHECKS
 from tkg_assets.definitions import pipeline_assets
 from tkg_assets.partitions import partition_key
 

@@ -7,8 +7,8 @@ from datetime import date
 
 import dagster as dg
 
-from tkg.sources import load_source
-from tkg.state import PARTITIONED_STAGES
+from tkg.build.state import PARTITIONED_STAGES
+from tkg.ingest.sources import load_source
 from tkg_assets.automation import stale_partition_requests
 from tkg_assets.definitions import defs
 from tkg_assets.partitions import partition_key
@@ -40,12 +40,12 @@ def test_global_assets_wait_for_the_whole_partition_then_refresh_together():
 
 
 def test_schedule_requests_only_what_is_stale(tmp_path):
-    from tkg.embeddings import WordLlamaEmbedder
-    from tkg.extraction.offline import OfflineExtractor
-    from tkg.plan import plan_build
-    from tkg.stages import Components, build_partition
-    from tkg.state import global_code_versions
-    from tkg.store import ParquetStore
+    from tkg.build.plan import plan_build
+    from tkg.build.stages import Components, build_partition
+    from tkg.build.state import global_code_versions
+    from tkg.core.embeddings import WordLlamaEmbedder
+    from tkg.extract.offline import OfflineExtractor
+    from tkg.store.parquet import ParquetStore
 
     source = load_source("sample")
     store = ParquetStore(tmp_path)

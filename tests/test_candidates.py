@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tkg.candidates import exact_vectors, select_candidates
+from tkg.invalidate.candidates import exact_vectors, select_candidates
 
 NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
@@ -117,7 +117,7 @@ def test_does_not_depend_on_row_order():
 def test_chunks_and_packed_blocks_match_the_literal_reading(monkeypatch):
     """Chunk and batch boundaries inside blocks change nothing: the same graph with tiny chunks
     (many products per block, many blocks per product) gives the literal reading's pairs."""
-    import tkg.candidates as candidates
+    import tkg.invalidate.candidates as candidates
 
     facts, links = random_graph(5, events=300, entities=6)
     monkeypatch.setattr(candidates, "ROW_CHUNK", 7)

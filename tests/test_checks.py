@@ -18,9 +18,9 @@ import pytest
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
 from tests.conftest import run_tkg
 from tests.test_safety import facts_digest
-from tkg.checks import CHECKS, run_checks
-from tkg.store import ParquetStore
-from tkg.warehouse import apply_model, load_models
+from tkg.store.checks import CHECKS, run_checks
+from tkg.store.parquet import ParquetStore
+from tkg.store.warehouse import apply_model, load_models
 from tkg_assets.assets.warehouse import sql_models, warehouse
 
 

@@ -10,9 +10,9 @@ import sys
 import dagster as dg
 import duckdb
 
-from tkg.state import PARTITIONED_STAGES
-from tkg.store import ParquetStore
-from tkg.versions import read_stamp
+from tkg.build.state import PARTITIONED_STAGES
+from tkg.core.versions import read_stamp
+from tkg.store.parquet import ParquetStore
 
 
 def _build(home, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -10,9 +10,9 @@ import dagster as dg
 import yaml
 
 from tests.conftest import ROOT
-from tkg.checks import CHECKS
-from tkg.paths import sql_dir
-from tkg.warehouse import load_models
+from tkg.core.paths import sql_dir
+from tkg.store.checks import CHECKS
+from tkg.store.warehouse import load_models
 from tkg_assets.assets.warehouse import _model_spec
 from tkg_assets.definitions import defs
 
@@ -77,7 +77,7 @@ def test_the_partition_space_follows_the_source():
     from datetime import date
 
     from tests.conftest import CORPUS
-    from tkg.partitions import last_quarter, quarter_start
+    from tkg.core.partitions import last_quarter, quarter_start
     from tkg_assets.partitions import partition_space
 
     quarters_since = lambda first: (last_quarter().year - first.year) * 4 + (last_quarter().month - first.month) // 3 + 1

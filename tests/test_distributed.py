@@ -26,7 +26,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tkg.state import PARTITIONED_STAGES as STAGES
+from tkg.build.state import PARTITIONED_STAGES as STAGES
 
 pytestmark = pytest.mark.services
 
@@ -202,7 +202,7 @@ def test_two_celery_workers_sharing_only_postgres_redis_and_s3_build_the_graph_a
     import dagster as dg
     from dagster._core.events import DagsterEventType
 
-    from tkg.sources import load_source
+    from tkg.ingest.sources import load_source
     from tkg_assets.instance import DUCKDB_POOL, LLM_POOL
 
     database = postgres_server.create_database("dagster")

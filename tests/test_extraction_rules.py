@@ -6,10 +6,7 @@ from datetime import date, datetime, timezone
 
 import pytest
 
-from tkg.extraction.base import DocumentContext, apply_validity_rules, drop_dangling_triplets, split_sentences
-from tkg.extraction.offline import OfflineExtractor, label_statement
-from tkg.extraction.periods import PeriodResolver, find_date
-from tkg.models import (
+from tkg.core.models import (
     RawEntity,
     RawExtraction,
     RawStatement,
@@ -19,7 +16,10 @@ from tkg.models import (
     TemporalValidityRange,
     parse_datetime_utc,
 )
-from tkg.roles import parse_offices
+from tkg.core.roles import parse_offices
+from tkg.extract.base import DocumentContext, apply_validity_rules, drop_dangling_triplets, split_sentences
+from tkg.extract.offline import OfflineExtractor, label_statement
+from tkg.extract.periods import PeriodResolver, find_date
 
 NVDA = DocumentContext("NVDA", "NVIDIA Corporation", "NVIDIA", "Earnings Call Transcript",
                        datetime(2020, 8, 19, 21, tzinfo=timezone.utc), "Q2 2021", date(2020, 5, 1), date(2020, 7, 31), 1)
@@ -76,7 +76,7 @@ def test_sentences_keep_abbreviations_together():
 
 def test_guidance_becomes_a_dynamic_fact_that_can_be_revised():
     extractor = OfflineExtractor()
-    from tkg.models import Chunk
+    from tkg.core.models import Chunk
 
     chunk = Chunk(chunk_id="c", transcript_id="t", company="HLIO", chunk_index=0, kind="speech", section="Presentation",
                   speaker="Marcus J. Ortega", start=0, end=10,
@@ -98,7 +98,7 @@ def test_guidance_becomes_a_dynamic_fact_that_can_be_revised():
 ])
 def test_a_guidance_change_is_not_the_guided_level(text, expected):
     """'by $X to $Y' guides $Y; 'by $X' alone is a change, not a level a later call could revise."""
-    from tkg.models import Chunk
+    from tkg.core.models import Chunk
 
     chunk = Chunk(chunk_id="c", transcript_id="t", company="HLIO", chunk_index=0, kind="speech", section="Presentation",
                   speaker="Marcus J. Ortega", start=0, end=10, text=text)
@@ -108,7 +108,7 @@ def test_a_guidance_change_is_not_the_guided_level(text, expected):
 
 def test_appointments_carry_their_effective_date():
     extractor = OfflineExtractor()
-    from tkg.models import Chunk
+    from tkg.core.models import Chunk
 
     chunk = Chunk(chunk_id="c", transcript_id="t", company="HLIO", chunk_index=0, kind="speech", section="Presentation",
                   speaker="Priya Raman", start=0, end=10,
@@ -143,7 +143,7 @@ def test_model_validators_normalise_llm_output():
 
 
 def test_dangling_triplets_are_dropped_and_counted():
-    from tkg.extraction.base import StageStats
+    from tkg.extract.base import StageStats
 
     extraction = RawExtraction(
         entities=[RawEntity(entity_idx=0, name="AMD", type="Organization")],
@@ -163,15 +163,15 @@ def test_dangling_triplets_are_dropped_and_counted():
 ])
 def test_statements_keep_the_speakers_words(spoken, written):
     """Issue 13: 'We're' became "Apple're" in 2,027 statements of the real corpus."""
-    from tkg.extraction.offline import _resolve_coreference
+    from tkg.extract.offline import _resolve_coreference
 
     assert _resolve_coreference(spoken, HLIO) == written
 
 
 def test_the_predicate_vocabulary_agrees_with_itself():
     """Issue 13: the enum, the definitions and the contradiction groups describe one vocabulary."""
-    from tkg.models import PREDICATE_DEFINITIONS, Predicate
-    from tkg.policy import PREDICATE_GROUP_OF, PREDICATE_GROUPS
+    from tkg.core.models import PREDICATE_DEFINITIONS, Predicate
+    from tkg.core.policy import PREDICATE_GROUP_OF, PREDICATE_GROUPS
 
     assert set(PREDICATE_DEFINITIONS) == set(Predicate) and all(d.strip() for d in PREDICATE_DEFINITIONS.values())
     grouped = [p for group in PREDICATE_GROUPS for p in group]
@@ -182,10 +182,10 @@ def test_the_predicate_vocabulary_agrees_with_itself():
 def test_editing_the_vocabulary_changes_code_versions_and_cache_keys(monkeypatch):
     """A new definition marks triplets and invalidation stale and never reuses an old answer;
     the stages it does not shape keep their versions (and their paid-for answers)."""
-    from tkg import models
-    from tkg.backend import Backend
+    from tkg.core import models
+    from tkg.core.models import Predicate
     from tkg.llm.settings import settings_from_env
-    from tkg.models import Predicate
+    from tkg.providers import Backend
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     before = {"offline": (Backend(backend="offline").code_versions(), Backend(backend="offline").judge_code_version()),
@@ -204,11 +204,11 @@ def test_editing_the_vocabulary_changes_code_versions_and_cache_keys(monkeypatch
 
 
 def test_editing_the_invalidation_policy_changes_only_the_judges_versions(monkeypatch):
-    """Issue 13: the policy (tkg.policy) is part of both judges' code version and the LLM
+    """Issue 13: the policy (tkg.core.policy) is part of both judges' code version and the LLM
     judge's cache key; extraction stages keep theirs."""
-    from tkg import policy
-    from tkg.backend import Backend
+    from tkg.core import policy
     from tkg.llm.settings import settings_from_env
+    from tkg.providers import Backend
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     before = {"offline": (Backend(backend="offline").code_versions(), Backend(backend="offline").judge_code_version()),
@@ -223,8 +223,9 @@ def test_editing_the_invalidation_policy_changes_only_the_judges_versions(monkey
 
 
 def test_the_judge_prompt_and_the_check_read_the_policy(monkeypatch):
-    from tkg import checks, policy
-    from tkg.prompts import render
+    from tkg.core import policy
+    from tkg.llm.prompts import render
+    from tkg.store import checks
 
     office_check = next(check for check in checks.CHECKS if check.name == "one_holder_per_office")
     assert set(office_check.parameters[0]) == set(policy.FUNCTIONAL_OFFICES)

@@ -10,14 +10,14 @@ import duckdb
 import pytest
 
 from tests.conftest import run_tkg
-from tkg import tables
-from tkg.extraction.base import DocumentContext
-from tkg.extraction.figures import figure_parser
-from tkg.revisions import revise_figures
+from tkg.core import tables
+from tkg.extract.base import DocumentContext
+from tkg.extract.figures import figure_parser
+from tkg.invalidate.revisions import revise_figures
 
 
 def _context(ticker: str, call: str, fiscal_quarter: str, fiscal_year_end_month: int) -> DocumentContext:
-    from tkg.companies import get_company
+    from tkg.core.companies import get_company
 
     company = get_company(ticker)
     day = date.fromisoformat(call)

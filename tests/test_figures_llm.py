@@ -11,15 +11,15 @@ from datetime import date, datetime, timezone
 
 import pytest
 
+from fakes.responders import PipelineResponder
 from tests.test_llm import fresh, make, server  # noqa: F401  (the server and extractor fixtures)
-from tkg.companies import get_company
-from tkg.extraction.base import DocumentContext
-from tkg.extraction.offline import OfflineExtractor
+from tkg.core.companies import get_company
+from tkg.core.models import FigureMetric, RawStatement
+from tkg.extract.base import DocumentContext
+from tkg.extract.offline import OfflineExtractor
 from tkg.llm.extractor import TEMPLATES, stage_fingerprint
+from tkg.llm.prompts import render
 from tkg.llm.settings import LLMSettings, settings_from_env
-from tkg.models import FigureMetric, RawStatement
-from tkg.prompts import render
-from tkg.testing.responders import PipelineResponder
 
 # Microsoft's fiscal year ends in June: the call of 2020-01-29 reports fiscal Q2 2020.
 MSFT_Q2_2020 = DocumentContext(
@@ -161,7 +161,7 @@ def test_code_version_follows_prompt_model_and_segments(monkeypatch):
     assert figures != stage_fingerprint(base, "triplets")
     assert figures != stage_fingerprint(replace(base, models={**base.models, "figures": "gpt-4.1"}), "figures")
     assert figures == stage_fingerprint(replace(base, models={**base.models, "triplets": "gpt-4.1"}), "figures")
-    monkeypatch.setattr("tkg.extraction.figures.segments_fingerprint", lambda: "edited registry")
+    monkeypatch.setattr("tkg.extract.figures.segments_fingerprint", lambda: "edited registry")
     assert stage_fingerprint(base, "figures") != figures
     monkeypatch.setenv("TKG_MODEL_FIGURES", "gpt-4.1-nano")
     assert settings_from_env().model("figures") == "gpt-4.1-nano"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tkg.testing.graphiti_responder import GraphitiResponder
+from fakes.graphiti_responder import GraphitiResponder
 
 AMD = "Advanced Micro Devices, Inc."
 

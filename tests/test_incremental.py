@@ -15,11 +15,11 @@ import dagster as dg
 import duckdb
 import pytest
 
+from fakes.openai_server import OpenAICompatibleServer
+from fakes.responders import PipelineResponder
 from tests.conftest import run_tkg
 from tests.test_safety import QNTX_FIRST_HALF, facts_digest, sample_lines, write_source
-from tkg.testing.openai_server import OpenAICompatibleServer
-from tkg.testing.responders import PipelineResponder
-from tkg.warehouse import load_models
+from tkg.store.warehouse import load_models
 
 
 def materialised_partitions(home: Path, job_name: str = "build_partitions") -> set[str]:

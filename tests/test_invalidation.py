@@ -10,14 +10,14 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import CORPUS, needs_corpus
-from tkg import tables
-from tkg.build import BuildReport, build_graph, finish_graph, partitions_of, run_partition
-from tkg.embeddings import WordLlamaEmbedder
-from tkg.extraction.offline import OfflineExtractor
-from tkg.invalidation import RuleJudge, invalidate
-from tkg.sources import SAMPLE_PATH, load_source
-from tkg.stages import Components
-from tkg.store import ParquetStore
+from tkg.build.graph import BuildReport, build_graph, finish_graph, partitions_of, run_partition
+from tkg.build.stages import Components
+from tkg.core import tables
+from tkg.core.embeddings import WordLlamaEmbedder
+from tkg.extract.offline import OfflineExtractor
+from tkg.ingest.sources import SAMPLE_PATH, load_source
+from tkg.invalidate.invalidation import RuleJudge, invalidate
+from tkg.store.parquet import ParquetStore
 
 
 def day(text: str) -> datetime:

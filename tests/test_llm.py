@@ -7,8 +7,8 @@ injects faults on demand; everything between tkg and the socket is the code unde
 from __future__ import annotations
 
 import logging
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,22 +21,22 @@ import duckdb
 import numpy as np
 import pytest
 
-from tkg.chunking import chunk_transcript
-from tkg.companies import get_company
-from tkg.embeddings import WordLlamaEmbedder
-from tkg.extraction.base import DocumentContext
-from tkg.extraction.offline import OfflineExtractor
-from tkg.invalidation import EventView, JudgeCase, TripletView
+from fakes.openai_server import OpenAICompatibleServer
+from fakes.responders import PipelineResponder
+from tkg.core.companies import get_company
+from tkg.core.embeddings import WordLlamaEmbedder
+from tkg.core.models import RawStatement
+from tkg.core.paths import prompts_dir
+from tkg.extract.base import DocumentContext
+from tkg.extract.offline import OfflineExtractor
+from tkg.ingest.chunking import chunk_transcript
+from tkg.ingest.parsing import parse_transcript
+from tkg.ingest.sources import load_source
+from tkg.invalidate.invalidation import EventView, JudgeCase, TripletView
 from tkg.llm.cache import ResponseCache
 from tkg.llm.client import LLMClient
 from tkg.llm.extractor import LLMExtractor, LLMJudge, OpenAIEmbedder, stage_fingerprint
 from tkg.llm.settings import LLMSettings
-from tkg.models import RawStatement
-from tkg.parsing import parse_transcript
-from tkg.paths import prompts_dir
-from tkg.sources import load_source
-from tkg.testing.openai_server import OpenAICompatibleServer
-from tkg.testing.responders import PipelineResponder
 
 API_KEY = "sk-test-0123456789-do-not-leak"
 
@@ -190,7 +190,7 @@ def test_near_misses_are_repaired_or_dropped_and_counted(make, fresh, sample_cal
     assert [t.predicate.value for t in extraction.triplets] == ["LAUNCHED", "SELLS"]
     triplets = extractor.stats("triplets")
     assert triplets.repaired["predicate_mapped_to_vocabulary"] == 1 and triplets.dropped["triplet_unknown_predicate"] == 1
-    from tkg.extraction.base import drop_dangling_triplets
+    from tkg.extract.base import drop_dangling_triplets
 
     assert len(drop_dangling_triplets(extraction, triplets).triplets) == 1  # entity 7 does not exist
     assert triplets.dropped["triplet_entity_index_out_of_range"] == 1
@@ -202,18 +202,18 @@ def test_cache_is_shared_across_processes(fresh, tmp_path):
 import sys
 from dataclasses import replace
 from datetime import date
-from tkg.chunking import chunk_transcript
-from tkg.companies import get_company
-from tkg.embeddings import WordLlamaEmbedder
-from tkg.extraction.base import DocumentContext
+from tkg.ingest.chunking import chunk_transcript
+from tkg.core.companies import get_company
+from tkg.core.embeddings import WordLlamaEmbedder
+from tkg.extract.base import DocumentContext
 from tkg.llm.cache import ResponseCache
 from tkg.llm.client import LLMClient
 from tkg.llm.extractor import LLMExtractor
 from tkg.llm.settings import LLMSettings
-from tkg.models import RawStatement
-from tkg.parsing import parse_transcript
-from tkg.paths import prompts_dir
-from tkg.sources import load_source
+from tkg.core.models import RawStatement
+from tkg.ingest.parsing import parse_transcript
+from tkg.core.paths import prompts_dir
+from tkg.ingest.sources import load_source
 row = next(r for r in load_source("sample").rows if r.company == "QNTX")
 transcript = parse_transcript(row, get_company("QNTX"))
 chunks = chunk_transcript(transcript, WordLlamaEmbedder())
@@ -253,14 +253,14 @@ def test_token_and_cost_accounting_match_the_provider(make, fresh, sample_call):
 def prompts(tmp_path, monkeypatch):
     """The prompt templates read from a copy a test may edit; `edited(name, old, new)` changes
     one and makes the process read it afresh, as the next `tkg build` or `dagster dev` would."""
-    import tkg.prompts
+    import tkg.llm.prompts
 
     copy = tmp_path / "prompts"
     shutil.copytree(prompts_dir(), copy)
 
     def read_afresh() -> None:
-        tkg.prompts._environment.cache_clear()
-        tkg.prompts.template_sha256.cache_clear()
+        tkg.llm.prompts._environment.cache_clear()
+        tkg.llm.prompts.template_sha256.cache_clear()
 
     def edited(name: str, old: str, new: str) -> None:
         template = copy / name
@@ -269,7 +269,7 @@ def prompts(tmp_path, monkeypatch):
         read_afresh()
 
     with monkeypatch.context() as patch:
-        patch.setattr(tkg.prompts, "prompts_dir", lambda: copy)
+        patch.setattr(tkg.llm.prompts, "prompts_dir", lambda: copy)
         read_afresh()
         yield edited
     read_afresh()

@@ -21,7 +21,7 @@ import pydantic
 import pytest
 from pydantic import BaseModel
 
-from tkg.testing.openai_server import (
+from fakes.openai_server import (
     Fault,
     OpenAICompatibleServer,
     ParsedRequest,
@@ -343,7 +343,7 @@ def test_api_key_never_reaches_logs_or_state(server, caplog):
 def test_runs_as_a_separate_process():
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tkg.testing.openai_server", "--port", "0", "--log-level", "warning"],
+        [sys.executable, "-m", "fakes.openai_server", "--port", "0", "--log-level", "warning"],
         stdout=subprocess.PIPE, text=True, env=env,
     )
     try:

@@ -8,9 +8,9 @@ from datetime import date, timezone
 import pytest
 
 from tests.conftest import needs_corpus
-from tkg.companies import get_company
-from tkg.parsing import SourceRow, TranscriptParseError, parse_transcript, split_affiliation
-from tkg.sources import load_source
+from tkg.core.companies import get_company
+from tkg.ingest.parsing import SourceRow, TranscriptParseError, parse_transcript, split_affiliation
+from tkg.ingest.sources import load_source
 
 
 def _parse(row):

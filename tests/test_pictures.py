@@ -1,6 +1,6 @@
 """Pictures and export of the built sample graph: timeline and neighbourhood PNGs, GraphML, the
 growth chart and its place in the warehouse asset's metadata. Counts are checked against SQL
-written here, independently of tkg.pictures."""
+written here, independently of tkg.answer.pictures."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import matplotlib.image as mpimg
 import networkx as nx
 import pytest
 
-from tkg.pictures import MAX_BARS, PNG_SIGNATURE, export_graphml, growth_chart, subgraph_png, timeline_figure, timeline_png
-from tkg.query import Graph
+from tkg.answer.pictures import MAX_BARS, PNG_SIGNATURE, export_graphml, growth_chart, subgraph_png, timeline_figure, timeline_png
+from tkg.answer.query import Graph
 
 COMPANY = "Helio Robotics, Inc."  # the sample's richest entity: revenue, guidance, products and offices held at it
 PERSON = "Dana Whitfield"  # was CFO until a later call retired it

@@ -1,4 +1,4 @@
-"""The query layer (tkg.query), offline answers (tkg.ask) and the answer commands, on the
+"""The query layer (tkg.answer.query), offline answers (tkg.answer.ask) and the answer commands, on the
 bundled sample (two CFO/CEO successions) and on the real corpus (Intel and AMD, 2016-2018)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import duckdb
 import pytest
 
 from tests.conftest import gold_cases, needs_gold, run_tkg
-from tkg.ask import answer_offline, read_period
-from tkg.query import AmbiguousEntity, Graph, QueryError, UnknownEntity
+from tkg.answer.ask import answer_offline, read_period
+from tkg.answer.query import AmbiguousEntity, Graph, QueryError, UnknownEntity
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tkg import tables
-from tkg.embeddings import WordLlamaEmbedder
-from tkg.resolution import resolve_entities
+from tkg.core import tables
+from tkg.core.embeddings import WordLlamaEmbedder
+from tkg.resolve.resolution import resolve_entities
 
 T0 = datetime(2016, 1, 1, tzinfo=timezone.utc)
 
@@ -218,9 +218,9 @@ def test_typed_keys(entity_type, a, b, expected):
 
 def _participants_from_corpus() -> list:
     from tests.conftest import CORPUS
-    from tkg.companies import get_company
-    from tkg.parsing import parse_transcript
-    from tkg.sources import load_source
+    from tkg.core.companies import get_company
+    from tkg.ingest.parsing import parse_transcript
+    from tkg.ingest.sources import load_source
 
     if not CORPUS.exists():
         return []
@@ -246,8 +246,8 @@ def test_person_names_split_as_nameparser_splits_them():
 
     from nameparser import HumanName
 
-    from tkg.names import fold
-    from tkg.resolution import _name_parts
+    from tkg.core.names import fold
+    from tkg.resolve.resolution import _name_parts
 
     def tokens(given_and_last):
         given, last = given_and_last
@@ -262,7 +262,7 @@ def test_person_names_split_as_nameparser_splits_them():
 def _key_test_names() -> list[str]:
     """Metric- and amount-like names: registry names in every position and spelling, periods,
     scales and units, punctuation, non-ASCII and control characters."""
-    from tkg.companies import load_companies
+    from tkg.core.companies import load_companies
 
     companies = [name for c in load_companies().values() for name in (c.name, c.ticker, *c.aliases)]
     metrics = [f"{company} {metric} {period}" for company in companies
@@ -280,8 +280,8 @@ def _key_test_names() -> list[str]:
 
 def test_batched_keys_equal_the_one_name_keys():
     """folds/metric_keys/numeric_keys (polars, printable ASCII) give exactly fold/metric_key/numeric_key."""
-    from tkg.names import fold
-    from tkg.resolution import folds, metric_key, metric_keys, numeric_key, numeric_keys
+    from tkg.core.names import fold
+    from tkg.resolve.resolution import folds, metric_key, metric_keys, numeric_key, numeric_keys
 
     names = _key_test_names() + TRICKY_NAMES + ["Crédit  Suisse,", "Ørsted A/S", "the_thing", "a\u00a0b", "ǅemal", "ΟΔΟΣ"]
     assert folds(names) == [fold(n) for n in names]
@@ -291,11 +291,11 @@ def test_batched_keys_equal_the_one_name_keys():
 
 
 def test_legal_suffixes_stripped_exactly_as_cleanco_does():
-    """tkg.names.basename passes cleanco only the terms that can match: same result as cleanco's
+    """tkg.core.names.basename passes cleanco only the terms that can match: same result as cleanco's
     own basename, on tricky names and every participant's firm in the real corpus (when present)."""
     import cleanco
 
-    from tkg.names import basename
+    from tkg.core.names import basename
 
     firms = {p.organization for p in _participants_from_corpus() if p.organization}
     names = sorted(firms) + ["Foo Co Ltd", "ASML Holding N.V.", "Acme, Inc.", "Société Générale S.A.", "X GmbH & Co. KG", "Ltd",
@@ -306,7 +306,7 @@ def test_legal_suffixes_stripped_exactly_as_cleanco_does():
 
 
 def test_no_mentions_and_blank_names_leave_only_the_registry():
-    from tkg.companies import load_companies
+    from tkg.core.companies import load_companies
 
     blank = tables.to_table([{"entity_id": "m1", "event_id": "e1", "company": "X", "quarter": None, "name": "   ", "type": None,
                               "description": None, "seen_at": None, "embedding": None}], tables.ENTITIES)
@@ -354,7 +354,7 @@ def test_mapping_does_not_depend_on_row_order_even_with_a_repeated_id():
 def test_rows_are_taken_chunk_by_chunk_in_the_order_asked():
     """`take_rows` (used where resolution reads the evidence of a few groups out of millions of
     mentions) gives what Table.take gives, without joining the chunks of the column first."""
-    from tkg.arrays import take_rows
+    from tkg.core.arrays import take_rows
 
     schema = pa.schema([("row", pa.int64()), ("embedding", pa.list_(pa.float32()))])
     batches = [pa.record_batch({"row": list(range(start, start + size)),

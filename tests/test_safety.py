@@ -19,10 +19,10 @@ import dagster as dg
 import duckdb
 import pytest
 
+from fakes.openai_server import OpenAICompatibleServer
+from fakes.responders import PipelineResponder
 from tests.conftest import CORPUS, needs_corpus
-from tkg.sources import SAMPLE_PATH
-from tkg.testing.openai_server import OpenAICompatibleServer
-from tkg.testing.responders import PipelineResponder
+from tkg.ingest.sources import SAMPLE_PATH
 
 # Two of the sample's calls are enough for the LLM-path tests.
 QNTX_FIRST_HALF = ["--company", "QNTX", "--until", "2024-06-30"]
@@ -50,7 +50,7 @@ def facts_digest(home: Path) -> tuple[int, str] | None:
 
 
 def parquet_stamps(home: Path) -> dict[str, str]:
-    from tkg.versions import read_stamp
+    from tkg.core.versions import read_stamp
 
     return {str(p.relative_to(home)): read_stamp(p).version for p in sorted((home / "parquet").rglob("*.parquet"))
             if "llm_calls" not in p.parts}
@@ -217,7 +217,7 @@ def test_csv_and_parquet_rows_are_checked_one_by_one(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tkg.sources import load_source
+    from tkg.ingest.sources import load_source
 
     text = json.loads(sample_lines("HLIO")[0])["transcript"]
     csv_path = tmp_path / "calls.csv"
@@ -333,7 +333,7 @@ def test_kill_9_orphans_no_worker_no_run_and_repays_only_requests_in_flight(tmp_
 
 
 def test_temporary_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
-    from tkg.store import remove_orphaned_temporaries, temporary_path
+    from tkg.store.parquet import remove_orphaned_temporaries, temporary_path
 
     folder = tmp_path / "parquet" / "statements"
     folder.mkdir(parents=True)

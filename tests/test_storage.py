@@ -14,13 +14,13 @@ import sys
 import duckdb
 import pytest
 
+from fakes.openai_server import OpenAICompatibleServer
+from fakes.responders import PipelineResponder
 from tests.conftest import run_tkg
 from tests.test_safety import facts_digest
-from tkg import tables
+from tkg.core import tables
 from tkg.llm.cache import PostgresResponseCache, ResponseCache, cache_key, open_cache
-from tkg.store import ParquetStore, download
-from tkg.testing.openai_server import OpenAICompatibleServer
-from tkg.testing.responders import PipelineResponder
+from tkg.store.parquet import ParquetStore, download
 
 pytestmark = pytest.mark.services
 

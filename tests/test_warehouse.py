@@ -9,14 +9,14 @@ from dataclasses import replace
 import duckdb
 import pytest
 
-from tkg.build import build_graph, partitions_of
-from tkg.embeddings import WordLlamaEmbedder
-from tkg.extraction.offline import OfflineExtractor
-from tkg.invalidation import RuleJudge
-from tkg.sources import load_source
-from tkg.stages import Components
-from tkg.store import ParquetStore
-from tkg.warehouse import applied_sha256, describe_model, load_models, model, publish, reapply_model
+from tkg.build.graph import build_graph, partitions_of
+from tkg.build.stages import Components
+from tkg.core.embeddings import WordLlamaEmbedder
+from tkg.extract.offline import OfflineExtractor
+from tkg.ingest.sources import load_source
+from tkg.invalidate.invalidation import RuleJudge
+from tkg.store.parquet import ParquetStore
+from tkg.store.warehouse import applied_sha256, describe_model, load_models, model, publish, reapply_model
 
 SURFACE = {"transcripts", "chunks", "statements", "events", "triplets", "entities", "facts", "canonical_entities",
            "entity_aliases", "invalidation_judgments", "officers"}

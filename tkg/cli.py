@@ -62,9 +62,9 @@ def command(function: Callable) -> Callable:
 
     @wraps(function)
     def wrapper(*args, **kwargs):
-        from tkg.query import QueryError
-        from tkg.sources import SourceError
-        from tkg.state import HalfBuilt
+        from tkg.answer.query import QueryError
+        from tkg.build.state import HalfBuilt
+        from tkg.ingest.sources import SourceError
 
         try:
             return function(*args, **kwargs)
@@ -178,7 +178,7 @@ def build(
 def _exclusive(where: Context):
     """One build at a time per data folder: a second waits for the first, then finds most of
     its work done."""
-    from tkg.store import locked
+    from tkg.store.parquet import locked
 
     return locked(where.home / ".build.lock", lambda pid: console.print(
         f"another tkg build (pid {pid}) is running on {where.home}; waiting for it to finish"))
@@ -186,9 +186,9 @@ def _exclusive(where: Context):
 
 def _build(where: Context, source: str, wanted: set[str], first: date | None, last: date | None, workers: int | None,
            force: bool, allow_partial: bool) -> None:
-    from tkg.runner import prestart, spec_for
-    from tkg.sources import describe
-    from tkg.store import remove_orphaned_temporaries, storage_uri
+    from tkg.build.runner import prestart, spec_for
+    from tkg.ingest.sources import describe
+    from tkg.store.parquet import remove_orphaned_temporaries, storage_uri
 
     removed = remove_orphaned_temporaries(where.home)
     if removed:
@@ -390,7 +390,7 @@ def _print_counts(path: Path) -> bool:
     """Row counts of the published file; True when it was published from a partial result."""
     import duckdb
 
-    from tkg.warehouse import published_stamp
+    from tkg.store.warehouse import published_stamp
 
     with duckdb.connect(str(path), read_only=True) as connection:
         table = Table("table", "rows", title=str(path))
@@ -410,13 +410,13 @@ def _print_counts(path: Path) -> bool:
 def _plan(where: Context, source: str, wanted: set[str] | None = None, force: bool = False, allow_partial: bool = False,
           since: date | None = None, until: date | None = None):
     """Load the source and plan a build: (loaded source, selection, backend, plan)."""
-    from tkg.backend import Backend
-    from tkg.build import partitions_of
-    from tkg.plan import plan_build
-    from tkg.sources import load_source
-    from tkg.state import global_code_versions
-    from tkg.store import ParquetStore
-    from tkg.warehouse import published_stamp
+    from tkg.build.graph import partitions_of
+    from tkg.build.plan import plan_build
+    from tkg.build.state import global_code_versions
+    from tkg.ingest.sources import load_source
+    from tkg.providers import Backend
+    from tkg.store.parquet import ParquetStore
+    from tkg.store.warehouse import published_stamp
 
     loaded = load_source(source)
     selection = partitions_of(loaded, wanted or None, since, until)
@@ -428,7 +428,7 @@ def _plan(where: Context, source: str, wanted: set[str] | None = None, force: bo
 
 
 def _check_companies(company: list[str] | None) -> set[str]:
-    from tkg.companies import load_companies
+    from tkg.core.companies import load_companies
 
     wanted = {c.strip().upper() for c in company or []}
     unknown = sorted(wanted - set(load_companies()))
@@ -483,7 +483,7 @@ def status(
 
 def _quarter_argument(value: str) -> date:
     """'2017-01-01' (any day of the quarter) or '2017Q1'."""
-    from tkg.partitions import quarter_start
+    from tkg.core.partitions import quarter_start
 
     text = value.strip().upper()
     if len(text) == 6 and text[4] == "Q" and text[:4].isdigit() and text[5] in "1234":
@@ -504,10 +504,10 @@ def remove(
 ) -> None:
     """Delete one partition's outputs and republish the graph without it: facts that only its
     calls had retired are open again. Use it to correct a bad source or honour a deletion request."""
-    from tkg.partitions import key_of
-    from tkg.sources import describe, load_source
-    from tkg.state import PARTITIONED_STAGES, stored_partitions
-    from tkg.store import ParquetStore
+    from tkg.build.state import PARTITIONED_STAGES, stored_partitions
+    from tkg.core.partitions import key_of
+    from tkg.ingest.sources import describe, load_source
+    from tkg.store.parquet import ParquetStore
 
     where = _context(home)
     partition = (company.strip().upper(), _quarter_argument(quarter))
@@ -656,7 +656,7 @@ PREDICATE_OPTION = Annotated[Optional[str], typer.Option(
 
 
 def _graph(home: Path | None):
-    from tkg.query import Graph
+    from tkg.answer.query import Graph
 
     where = _context(home)
     if not where.warehouse.exists():
@@ -708,12 +708,12 @@ def ask(
     """Answer a question from the graph, citing the facts. With a model configured (OPENAI_API_KEY
     or OPENAI_BASE_URL), a planner and a tool-calling agent write the answer; without one, the
     facts that answer it are ranked and shown."""
-    from tkg.ask import answer_offline
-    from tkg.backend import Backend
+    from tkg.answer.ask import answer_offline
+    from tkg.providers import Backend
 
     with _graph(home) as graph:
         if not offline and Backend().resolved_backend() != "offline":
-            from tkg.agent import answer_with_model
+            from tkg.answer.agent import answer_with_model
 
             result = answer_with_model(graph, question, limit=limit)
         else:
@@ -787,7 +787,7 @@ def timeline(
         match, entries, choice = graph.timeline(entity, predicate)
     _said_mapping(choice)
     if png is not None:
-        from tkg.pictures import timeline_png
+        from tkg.answer.pictures import timeline_png
 
         try:
             bars = timeline_png(match, entries, png)
@@ -824,8 +824,8 @@ def export(
 ) -> None:
     """Export the graph (canonical entities as nodes, facts as edges with their validity) as
     GraphML, or draw the neighbourhood of one entity."""
-    from tkg.pictures import export_graphml, subgraph_png
-    from tkg.query import utc
+    from tkg.answer.pictures import export_graphml, subgraph_png
+    from tkg.answer.query import utc
 
     if graphml is None and png is None:
         raise UsageError("say what to write: --graphml FILE, or --png FILE --around ENTITY")

@@ -14,7 +14,7 @@ INVALIDATION_AUTOMATION = (
 
 
 def stale_partition_requests(plan) -> list[dg.RunRequest]:
-    """One run per stale partition (a `tkg.plan.BuildPlan`), oldest first, materialising only the
+    """One run per stale partition (a `tkg.build.plan.BuildPlan`), oldest first, materialising only the
     stages that are out of date. The run key carries the partition's reason and stages, so a
     tick repeats no request while the same work is pending, and a new change asks again."""
     from tkg_assets.partitions import partition_key

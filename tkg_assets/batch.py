@@ -2,7 +2,7 @@
 
 The UI materialises one partition per run (each asset a step). For a whole corpus that costs
 Dagster's per-run and per-step overhead 187 times over, so `tkg build` instead runs this one-op
-job: the op builds the stale partitions in worker processes (`tkg.runner`) and records, as
+job: the op builds the stale partitions in worker processes (`tkg.build.runner`) and records, as
 each partition lands, a materialisation of every stage it rebuilt, with the same metadata,
 code version and data version the asset itself would record. The UI shows every partition
 materialised by this run, and staleness agrees between the two paths.
@@ -13,9 +13,9 @@ from collections.abc import Callable
 import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
-from tkg.partitions import parse_key
-from tkg.runner import PartitionOutcome, PartitionTask, run_partitions, spec_for
-from tkg.versions import Stamp
+from tkg.build.runner import PartitionOutcome, PartitionTask, run_partitions, spec_for
+from tkg.core.partitions import parse_key
+from tkg.core.versions import Stamp
 from tkg_assets.assets.common import stage_metadata, version_tags
 from tkg_assets.partitions import partition_key
 
@@ -24,7 +24,7 @@ observers: list[Callable[[PartitionOutcome], None]] = []
 
 
 class PartitionsToBuild(dg.Config):
-    """Which stages of which partitions to rebuild, and why (from `tkg.plan`)."""
+    """Which stages of which partitions to rebuild, and why (from `tkg.build.plan`)."""
 
     stages: dict[str, list[str]]  # partition key -> stages
     reasons: dict[str, str] = {}

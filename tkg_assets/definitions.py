@@ -69,8 +69,8 @@ def build_definitions(storage: TkgStorage, source: TranscriptSource, extraction:
         source rows, and partitions whose code version (prompt, model, rules) changed, each from
         its first stale stage. Calls arrive weeks after quarter end, so a weekly look beats a
         quarterly cron. The automation sensor then refreshes the global assets."""
-        from tkg.plan import plan_build
-        from tkg.state import global_code_versions
+        from tkg.build.plan import plan_build
+        from tkg.build.state import global_code_versions
 
         loaded = source.load()
         plan = plan_build(storage.store, loaded, loaded.partitions(), extraction.code_versions(),

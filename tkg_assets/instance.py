@@ -17,11 +17,11 @@ from pathlib import Path
 
 import dagster as dg
 
-import tkg
-from tkg.store import locked
+from tkg.core.paths import CONFIG_DIR
+from tkg.store.parquet import locked
 from tkg_assets.assets.common import RUN_HOST_TAG, RUN_PID_TAG
 
-TEMPLATE = Path(tkg.__file__).resolve().parent / "config" / "dagster.yaml"
+TEMPLATE = CONFIG_DIR / "dagster.yaml"
 MANAGED_MARKER = "# managed by tkg"
 
 

@@ -1,4 +1,4 @@
-"""The Dagster partitions: company x calendar quarter of the call date (see tkg.partitions).
+"""The Dagster partitions: company x calendar quarter of the call date (see tkg.core.partitions).
 
 Keys look like 'INTC|2016-10-01' (dimensions sorted by name: company, then quarter). The space
 follows the configured source: the registry's companies that have calls in it, from the
@@ -11,9 +11,9 @@ from datetime import date
 
 import dagster as dg
 
-from tkg.companies import load_companies
-from tkg.partitions import FIRST_QUARTER, Partition, parse_key
-from tkg.sources import SourceError, load_source, source_path
+from tkg.core.companies import load_companies
+from tkg.core.partitions import FIRST_QUARTER, Partition, parse_key
+from tkg.ingest.sources import SourceError, load_source, source_path
 
 
 def partition_space(source: str) -> dg.MultiPartitionsDefinition:

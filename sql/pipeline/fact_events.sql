@@ -1,5 +1,5 @@
 -- FACT, non-ATEMPORAL events with at least one triplet: the only events invalidation looks at
--- (the statement and temporal types are parameters, from tkg/policy.py).
+-- (the statement and temporal types are parameters, from tkg/core/policy.py).
 -- fact_key names the fact an event states (its canonical triplets), so that the same fact
 -- restated in every quarter's call can be recognised as one candidate.
 -- Registered: events, resolved_triplets (from canonical_triplets.sql).

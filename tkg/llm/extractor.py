@@ -22,13 +22,26 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tkg.companies import get_company
-from tkg.embeddings import normalise_rows
-from tkg.extraction.base import DocumentContext, StageStats
-from tkg.extraction.figures import segment_patterns
-from tkg.invalidation import EventView, JudgeCase, Verdict
+from tkg.core.companies import get_company
+from tkg.core.embeddings import normalise_rows
+from tkg.core.models import (
+    LABEL_DEFINITIONS,
+    PREDICATE_DEFINITIONS,
+    Chunk,
+    EntityType,
+    RawExtraction,
+    RawFigure,
+    RawFigureList,
+    RawStatement,
+    TemporalValidityRange,
+)
+from tkg.core.policy import describe_single_valued
+from tkg.extract.base import DocumentContext, StageStats
+from tkg.extract.figures import segment_patterns
+from tkg.invalidate.invalidation import EventView, JudgeCase, Verdict
 from tkg.llm.cache import ResponseCache, cache_key, normalise
 from tkg.llm.client import LLMClient, RequestFailed
+from tkg.llm.prompts import render, template_sha256
 from tkg.llm.settings import LLMSettings
 from tkg.llm.wire import (
     FiguresOut,
@@ -43,19 +56,6 @@ from tkg.llm.wire import (
     parse_validity,
     parse_verdicts,
 )
-from tkg.models import (
-    LABEL_DEFINITIONS,
-    PREDICATE_DEFINITIONS,
-    Chunk,
-    EntityType,
-    RawExtraction,
-    RawFigure,
-    RawFigureList,
-    RawStatement,
-    TemporalValidityRange,
-)
-from tkg.policy import describe_single_valued
-from tkg.prompts import render, template_sha256
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 
-from tkg.models import VOCABULARY_STAGES, vocabulary_fingerprint
+from tkg.core.models import VOCABULARY_STAGES, vocabulary_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,11 @@ class LLMSettings:
         if stage in VOCABULARY_STAGES:
             relevant["vocabulary"] = vocabulary_fingerprint()
         if stage == "judge":
-            from tkg.policy import policy_fingerprint
+            from tkg.core.policy import policy_fingerprint
 
             relevant["policy"] = policy_fingerprint()
         if stage == "figures":  # the prompt lists the company's segments, and answers are checked against them
-            from tkg.extraction.figures import segments_fingerprint
+            from tkg.extract.figures import segments_fingerprint
 
             relevant["segments"] = segments_fingerprint()
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

@@ -17,9 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 from rapidfuzz import fuzz, process
 
-from tkg.extraction.base import StageStats
-from tkg.extraction.figures import Segment
-from tkg.models import (
+from tkg.core.models import (
     EntityType,
     FigureKind,
     FigureMetric,
@@ -35,6 +33,8 @@ from tkg.models import (
     TemporalValidityRange,
     parse_datetime_utc,
 )
+from tkg.extract.base import StageStats
+from tkg.extract.figures import Segment
 
 
 class InvalidOutput(ValueError):

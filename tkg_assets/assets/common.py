@@ -13,12 +13,12 @@ import dagster as dg
 import pyarrow as pa
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
-from tkg import tables
-from tkg.runner import StageReport, report_of
-from tkg.stages import run_stage
-from tkg.state import STAGE_INPUTS
-from tkg.tables import column_description
-from tkg.versions import Stamp
+from tkg.build.runner import StageReport, report_of
+from tkg.build.stages import run_stage
+from tkg.build.state import STAGE_INPUTS
+from tkg.core import tables
+from tkg.core.tables import column_description
+from tkg.core.versions import Stamp
 from tkg_assets.partitions import partition_of
 
 OWNERS = ["team:tkg"]
@@ -31,7 +31,7 @@ PARTITION_FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=timedelta(days=
 
 def partitioned_asset(stage: str, group: str, partitions_def: dg.PartitionsDefinition, code_versions: dict[str, str],
                       **kwargs):
-    """The decorator of a partitioned stage's asset: its lineage (`tkg.state.STAGE_INPUTS`),
+    """The decorator of a partitioned stage's asset: its lineage (`tkg.build.state.STAGE_INPUTS`),
     code version, column schema, freshness and one-partition-per-run backfills."""
     return dg.asset(
         name=stage, partitions_def=partitions_def, group_name=group, kinds={"python", "parquet"}, owners=OWNERS,

@@ -1,6 +1,6 @@
 """Extraction: statements, their validity ranges (temporal events), triplets, financial figures and entity mentions.
 
-Each asset runs one stage of `tkg.stages` for its partition with the configured extractor
+Each asset runs one stage of `tkg.build.stages` for its partition with the configured extractor
 (offline rules or an LLM); the stage reads the upstream Parquet and writes its own. A stage
 the provider could not finish fails the run and keeps the partition's last good output,
 unless the `extraction` resource allows a partial result.

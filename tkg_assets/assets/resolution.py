@@ -4,8 +4,8 @@ and the bi-temporal history of which facts retired which."""
 import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage
-from tkg.build import run_canonical_entities, run_invalidation
-from tkg.state import RESOLUTION_VERSION
+from tkg.build.graph import run_canonical_entities, run_invalidation
+from tkg.build.state import RESOLUTION_VERSION
 from tkg_assets.assets.common import OWNERS, table_metadata
 from tkg_assets.automation import CANONICAL_AUTOMATION, INVALIDATION_AUTOMATION
 

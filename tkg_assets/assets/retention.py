@@ -1,11 +1,11 @@
-"""Retention: the relevance of every fact, and the archive of those below it (tkg.retention)."""
+"""Retention: the relevance of every fact, and the archive of those below it (tkg.invalidate.retention)."""
 
 import dagster as dg
 
 from resources.tkg import TkgStorage
-from tkg.build import run_fact_relevance
-from tkg.retention import retention_settings
-from tkg.state import RETENTION_VERSION
+from tkg.build.graph import run_fact_relevance
+from tkg.build.state import RETENTION_VERSION
+from tkg.invalidate.retention import retention_settings
 from tkg_assets.assets.common import OWNERS, table_metadata
 from tkg_assets.automation import CANONICAL_AUTOMATION
 

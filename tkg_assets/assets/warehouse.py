@@ -8,10 +8,10 @@ import dagster as dg
 import duckdb
 
 from resources.tkg import ExtractionBackend, TkgStorage
-from tkg.build import run_warehouse
-from tkg.checks import CHECKS, CheckResult, WarehouseCheckFailed, guard
-from tkg.state import warehouse_code_version
-from tkg.warehouse import SqlModel, applied_sha256s, describe_models, load_models, reapply_model
+from tkg.build.graph import run_warehouse
+from tkg.build.state import warehouse_code_version
+from tkg.store.checks import CHECKS, CheckResult, WarehouseCheckFailed, guard
+from tkg.store.warehouse import SqlModel, applied_sha256s, describe_models, load_models, reapply_model
 from tkg_assets.assets.common import OWNERS, column_schema
 from tkg_assets.automation import SQL_MODEL_AUTOMATION, WAREHOUSE_AUTOMATION
 from tkg_assets.instance import DUCKDB_POOL
@@ -71,7 +71,7 @@ def _growth_markdown(context: dg.AssetExecutionContext, path: Path) -> dg.Markdo
     data URI in markdown; None (with a warning) when it cannot be drawn: a picture never fails
     the publish."""
     try:
-        from tkg.pictures import growth_chart
+        from tkg.answer.pictures import growth_chart
 
         with duckdb.connect(str(path), read_only=True) as connection:
             png = growth_chart(connection, dpi=80)

@@ -1,0 +1,249 @@
+"""Build many partitions at once, in worker processes, for `tkg build`.
+
+Each worker rebuilds whole partitions (`tkg.build.stages.build_partition`): every stale stage of a
+partition in memory, then its files, so a failure, a Ctrl-C or a kill leaves each partition
+either as it was or fully rebuilt. Workers die with the process that started them (Linux
+`PR_SET_PDEATHSIG`, and a watchdog elsewhere) and ignore Ctrl-C, which the parent handles by
+stopping them all. Nothing here imports dagster; the Dagster op that records the results
+(`tkg_assets.batch`) drives this module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Everything a worker needs to build its own components (never the API key: workers read
+    OPENAI_API_KEY from the environment they inherit)."""
+
+    home: str
+    source: str
+    extraction: dict[str, Any]  # the ExtractionBackend fields that were set
+    allow_partial: bool = False
+    log_level: str = "WARNING"  # of tkg's loggers in the workers
+    storage: str | None = None  # the Parquet store's URI (TKG_STORAGE); None: <home>/parquet
+
+
+@dataclass(frozen=True)
+class PartitionTask:
+    company: str
+    quarter: date
+    stages: tuple[str, ...]
+    reason: str
+
+
+@dataclass
+class StageReport:
+    """What a Dagster materialisation of one stage of one partition needs, as plain data."""
+
+    stage: str
+    rows: int
+    columns: list[tuple[str, str]]
+    path: str
+    stamp: str  # Stamp.to_json()
+    counts: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    missing: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class PartitionOutcome:
+    task: PartitionTask
+    reports: list[StageReport] = field(default_factory=list)
+    error: str | None = None  # one line
+    detail: str | None = None  # the traceback, for --debug and the run log
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def key(self) -> str:
+        return f"{self.task.company}|{self.task.quarter.isoformat()}"
+
+
+def spec_for(backend, source: str, workers: int, log_level: str = "WARNING", storage: str | None = None) -> BackendSpec:
+    """What workers build with, from a `tkg.providers.Backend`: the request limit is per process,
+    so it is split between the workers, which together keep to it."""
+    fields = backend.explicit_fields()
+    fields["max_in_flight"] = max(1, backend.llm_settings().max_in_flight // max(1, workers))
+    return BackendSpec(home=backend.home, source=source, extraction=fields, allow_partial=backend.allow_partial,
+                       log_level=log_level, storage=storage)
+
+
+def report_of(stage: str, result) -> StageReport:
+    table = result.table
+    return StageReport(stage=stage, rows=table.num_rows, columns=[(f.name, str(f.type)) for f in table.schema],
+                       path=str(result.path), stamp=result.stamp.to_json(),
+                       counts={key: int(value) for key, value in result.counts.items()}, notes=list(result.notes),
+                       extra=dict(result.extra), missing={key: int(value) for key, value in result.missing.items()})
+
+
+# --- in a worker -----------------------------------------------------------------------------
+
+_COMPONENTS: dict[str, Any] = {}
+
+
+def _components(spec: BackendSpec):
+    identity = repr(spec)
+    if identity not in _COMPONENTS:
+        from tkg.providers import Backend
+
+        _COMPONENTS[identity] = Backend(home=spec.home, allow_partial=spec.allow_partial, **spec.extraction).components()
+    return _COMPONENTS[identity]
+
+
+def build_one(spec: BackendSpec, task: PartitionTask) -> PartitionOutcome:
+    """Rebuild one partition's stale stages; every error is caught and described."""
+    from tkg.build.stages import StageIncomplete, build_partition
+    from tkg.ingest.sources import load_source
+    from tkg.store.parquet import ParquetStore
+
+    started = time.perf_counter()
+    outcome = PartitionOutcome(task)
+    try:
+        rows = load_source(spec.source).rows_for(task.company, task.quarter)
+        results = build_partition(ParquetStore(spec.home, spec.storage), (task.company, task.quarter), set(task.stages),
+                                  _components(spec), rows)
+        outcome.reports = [report_of(stage, result) for stage, result in results.items()]
+    except StageIncomplete as error:
+        outcome.error = str(error)
+    except Exception as error:  # noqa: BLE001 - one partition's failure must not stop the others
+        outcome.error = f"{type(error).__name__}: {error}"
+        outcome.detail = traceback.format_exc()
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make this process die when `parent` does, even if the parent is killed with -9."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:  # for platforms without PR_SET_PDEATHSIG
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="tkg-parent-watch", daemon=True).start()
+
+
+def _worker_init(parent: int, log_level: str) -> None:
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C stops
+    logging.getLogger("tkg").setLevel(log_level)
+
+
+# --- in the parent ---------------------------------------------------------------------------
+
+
+def _warm(spec: BackendSpec) -> None:
+    """Load what a build needs (modules, the embedding model, the source) before the first task."""
+    from tkg.ingest.sources import load_source
+
+    _components(spec).embedder.embed(["warm up"])
+    load_source(spec.source)
+
+
+def _new_pool(spec: BackendSpec, workers: int) -> ProcessPoolExecutor:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(os.getpid(), spec.log_level))
+    for _ in range(workers):
+        pool.submit(_warm, spec)
+    return pool
+
+
+_prestarted: dict[tuple[str, int], ProcessPoolExecutor] = {}
+
+
+def prestart(spec: BackendSpec, workers: int) -> None:
+    """Start (and warm up) the worker processes now, while the caller sets up Dagster: the
+    seconds they take to start then overlap with that set-up. `run_partitions` with the same
+    spec and worker count takes them over."""
+    if workers > 1 and (repr(spec), workers) not in _prestarted:
+        _prestarted[(repr(spec), workers)] = _new_pool(spec, workers)
+
+
+def run_partitions(spec: BackendSpec, tasks: list[PartitionTask], workers: int) -> Iterator[PartitionOutcome]:
+    """Build `tasks`, yielding each outcome as it lands. With one worker the partitions are
+    built in this process; otherwise in `workers` spawned processes. On KeyboardInterrupt (or
+    when the caller stops iterating) the workers are killed at once and nothing more starts."""
+    if workers <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            yield build_one(spec, task)
+        return
+    pool = _prestarted.pop((repr(spec), workers), None) or _new_pool(spec, min(workers, len(tasks)))
+    pending: dict[Future, PartitionTask] = {}
+    queue = list(tasks)
+    finished = False
+    try:
+        # Two partitions per worker are queued, so a worker never waits while the caller records
+        # a result, and a stop loses little more than the partitions being built.
+        while queue or pending:
+            while queue and len(pending) < 2 * workers:
+                task = queue.pop(0)
+                pending[pool.submit(build_one, spec, task)] = task
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            outcomes = []
+            for future in done:
+                task = pending.pop(future)
+                try:
+                    outcomes.append(future.result())
+                except Exception as error:  # the worker process died (killed, out of memory)
+                    outcomes.append(PartitionOutcome(task, error=f"the worker building it died ({type(error).__name__}: {error})"))
+            while queue and len(pending) < 2 * workers:  # refill before the caller takes its time
+                task = queue.pop(0)
+                pending[pool.submit(build_one, spec, task)] = task
+            yield from outcomes
+        finished = True
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:
+            kill_workers(pool)
+
+
+def kill_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop every worker now (Python 3.11 has no public call for it)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        try:
+            process.kill()
+        except (OSError, ValueError):
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.join(timeout=5)
+
+
+def partition_tasks(plans) -> list[PartitionTask]:
+    return [PartitionTask(plan.partition[0], plan.partition[1], tuple(sorted(plan.stages)), plan.reason) for plan in plans]
+
+
+Observer = Callable[[PartitionOutcome], None]

@@ -1,0 +1,511 @@
+"""Financial figures in a statement: what was reported or guided, for which period, in base units.
+
+'Revenue for the quarter was $50.6 billion' is a reported `revenue` of 5.06e10 USD for the
+quarter the call reports; 'we expect revenue to be between $89 billion and $93 billion' is
+`revenue` guidance for the next quarter with low 8.9e10, high 9.3e10 and value their midpoint.
+
+The rules read one clause at a time ('..., and we remain on path for full-year operating
+expense of ...' is a second figure with its own metric and period) and attach each amount to
+the nearest metric named before it. An amount is left out, rather than recorded as the
+period's total, when it is a trap:
+- a run rate, a currency or other headwind/tailwind, backlog or contracted revenue, bookings;
+- a comparison: 'up from $1.2 billion', 'a year ago', 'ahead of our outlook of $280 million';
+- a long-term target ('by 2020', 'over time', a fiscal year two or more years out);
+- a part of the total the registry does not name as a segment ('services revenue' at a company
+  without a Services segment), or a sub-amount ('with about $2.3 billion from LinkedIn');
+- a change ('reduced capex by $0.5 billion to $11.5 billion' records only $11.5 billion);
+- an amount of the wrong kind for the metric (a percentage read as revenue).
+A percentage right after a revenue figure and a growth word ('up 14% year-over-year') is
+`revenue_growth`; '15.2% of revenue' after operating income is `operating_margin`.
+
+Hand-written on purpose: the libraries that parse quantities (quantulum3, price-parser) know
+amounts and units but none of the earnings-call context that decides what an amount is.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import lru_cache
+
+from tkg.core.companies import get_company, load_companies
+from tkg.core.models import PERCENT_METRICS, RawFigure
+from tkg.extract.base import DocumentContext
+from tkg.extract.periods import PeriodResolver
+
+FIGURE_RULES_VERSION = "figures-1"
+
+# Synonyms, longest first so 'operating expense' wins over 'operating'.
+_SYNONYMS = {
+    "revenue": ("total net revenues", "total net revenue", "net revenues", "net revenue", "total revenues", "total revenue",
+                "net sales", "total sales", "revenues", "revenue", "top line", "sales"),
+    "gross_margin": ("gross profit margin", "gross margins", "gross margin"),
+    "operating_margin": ("operating profit margin", "operating margins", "operating margin"),
+    "operating_income": ("income from operations", "operating income", "operating profit"),
+    "operating_expenses": ("operating expenses", "operating expense", "operating costs", "opex"),
+    "net_income": ("net income", "net earnings", "net profit"),
+    "eps": ("diluted earnings per share", "earnings per share", "eps"),
+    "capex": ("capital expenditures", "capital expenditure", "capital spending", "capex"),
+    "free_cash_flow": ("free cash flow",),
+}
+_METRIC_OF = {synonym: metric for metric, synonyms in _SYNONYMS.items() for synonym in synonyms}
+METRIC_WORDS = re.compile(r"\b(" + "|".join(sorted((re.escape(s) for s in _METRIC_OF), key=len, reverse=True)) + r")\b",
+                          re.IGNORECASE)
+
+_SCALES = {"trillion": Decimal(10) ** 12, "billion": Decimal(10) ** 9, "bn": Decimal(10) ** 9, "b": Decimal(10) ** 9,
+           "million": Decimal(10) ** 6, "mn": Decimal(10) ** 6, "m": Decimal(10) ** 6, "thousand": Decimal(10) ** 3,
+           "k": Decimal(10) ** 3}
+_CURRENCIES = {"$": "USD", "us$": "USD", "usd": "USD", "€": "EUR", "eur": "EUR", "euro": "EUR", "euros": "EUR",
+               "£": "GBP", "gbp": "GBP", "¥": "JPY", "jpy": "JPY", "yen": "JPY"}
+_NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+_SCALE = r"(?:\s*(?:trillion|billion|million|thousand|bn|mn|b|m|k)\b)"
+_CURRENCY = r"(?:US\$|\$|€|£|¥|(?:USD|EUR|GBP|JPY)\s?)"
+# One amount: '$1.48 billion', 'EUR 1.6 billion', '1.6 billion euros', '61.9%', '41 percent'.
+_ONE = (rf"(?:(?P<Pcur>{_CURRENCY})\s?(?P<Pnum>{_NUMBER})(?P<Pscale>{_SCALE})?(?P<Pcur2>\s+euros?)?"
+        rf"|(?P<Pbare>{_NUMBER})(?:(?P<Ppct>\s?(?:%|percent\b|per cent\b))|(?P<Pbscale>{_SCALE})(?P<Pbcur>\s+(?:euros?|dollars))?))")
+
+
+def _side(prefix: str) -> str:
+    return _ONE.replace("?P<P", f"?P<{prefix}")
+AMOUNT = re.compile(
+    _side("a") +
+    # a range: '$89 billion to $93 billion', '$89 to $93 billion', '41% to 42%', '$43.5-45.5b', 'between X and Y'
+    rf"(?:\s*(?P<joint>-|–|to|and)\s*(?:{_side('b')}|(?P<bplain>{_NUMBER})(?P<bplainscale>{_SCALE})?(?!\d)))?"
+    # plus or minus: '$10.5 billion plus or minus 5%', '64% plus or minus 50 basis points'
+    rf"(?:,?\s*(?:plus or minus|\+/-|±)\s*(?:(?P<pmcur>{_CURRENCY})\s?)?(?P<pmnum>{_NUMBER})"
+    rf"(?P<pmunit>\s?(?:%|percent\b|percentage points?\b|points?\b|basis points?\b|bps\b)|{_SCALE})?)?",
+    re.IGNORECASE,
+)
+
+# Clause boundaries: figures in different clauses have their own metric, period and kind.
+_CLAUSE = re.compile(r";|,\s+(?:and|while|but|whereas|with)\s+|\s+while\s+|,\s+(?=(?:we|our|and we)\b)", re.IGNORECASE)
+
+_GUIDANCE_CUE = re.compile(
+    r"\b(?:expects?|expected|expecting|anticipates?|anticipated|anticipating|forecast(?:s|ed|ing)?|outlook|guidance|"
+    r"guide[sd]?|guiding|projects?|projected|projecting|estimates?|plan(?:s|ning)? (?:for|to)|will(?: be)?|should(?: be)?|"
+    r"to be (?:between|in|approximately|about|around|roughly)|remain on (?:path|track)|on track|on path|reaffirm(?:s|ed|ing)?|"
+    r"rais(?:e|es|ed|ing)|lower(?:s|ed|ing)?|going to|range from|ranging from|be in the range|midpoint|mid-point)\b",
+    re.IGNORECASE,
+)
+_REPORTED_CUE = re.compile(
+    r"\b(?:was|were|came in|totaled|totalled|reached|grew|rose|increased|decreased|declined|fell|reported|delivered|"
+    r"generated|posted|achieved|ended|finished|had|climbed|dropped|improved)\b",
+    re.IGNORECASE,
+)
+_GROWTH = re.compile(r"\b(?:up|grew|grow(?:th|ing|s)?|increased?|rose|climbed|gain(?:ed)?|higher)\b(?:\s+\w+){0,2}\s*$",
+                     re.IGNORECASE)
+_DECLINE = re.compile(r"\b(?:down|declined?|decreased?|fell|lower|dropped)\b(?:\s+\w+){0,2}\s*$", re.IGNORECASE)
+# Just before an amount: the amount is a change or an earlier figure, not the level.
+_APPROXIMATELY = r"(?:approximately |about |roughly |nearly |almost |around |over |more than |just over |just under )?"
+_CHANGE_BEFORE = re.compile(rf"(?:\bby|\b(?:up|down|grew|grow|grows|increased|decreased|rose|fell|declined|improved|climbed|"
+                            rf"dropped|gained|expanded|contracted|higher|lower))\s+{_APPROXIMATELY}$", re.IGNORECASE)
+_NEGATIVE_BEFORE = re.compile(r"\b(?:negative|minus|a loss of|loss of)\s+$", re.IGNORECASE)
+# Anywhere in the clause: the figures are not for a fiscal period.
+_CLAUSE_TRAP = re.compile(r"\b(?:(?:last|trailing|past|previous) (?:12|twelve) months|TTM|LTM|trailing|holding currency constant|"
+                          r"(?:on|at) a constant currency basis|at constant currency|excluding (?:the impact of )?(?:FX|foreign exchange|"
+                          r"currency))\b", re.IGNORECASE)
+_COMPARISON_BEFORE = re.compile(
+    r"\b(?:from|compared (?:to|with)|versus|vs\.?|relative to|ahead of|above|below|in line with|within|exceed(?:ed|ing)?|"
+    r"beat|prior|previous|original(?:ly)?|last year|a year ago|year-ago|prior[- ]year)\b",
+    re.IGNORECASE,
+)
+# Anywhere between the metric and the amount, or just after it: the amount is not the metric's total.
+_TRAP = re.compile(
+    r"\b(?:run[- ]rate|annuali[sz]ed|headwinds?|tailwinds?|impact(?:ed)?|foreign exchange|FX|currenc(?:y|ies)|"
+    r"backlog|contracted|not (?:yet )?recogni[sz]ed|remaining performance obligations?|unearned|deferred|bookings|orders|"
+    r"long[- ]term|over time|target model|financial model|dividends?|buy ?backs?|repurchase[sd]?|share repurchases?|"
+    r"restructuring|charges?|tax|acquisition|sequential(?:ly)?|cumulative|per year|each year|annually|TAM|market|"
+    r"accretion|goals?|targets?|aspirations?|ambitions?|toward|towards)\b",
+    re.IGNORECASE,
+)
+_AFTER_TRAP = re.compile(
+    r"^\W{0,3}(?:(?:\w+\W+){0,2}?(?:run[- ]rate|headwinds?|tailwinds?|impact|in backlog|of backlog)|a year ago|last year|level\b|"
+    r"in the (?:prior|previous|year-ago|same)|in constant currency|sequentially|on a sequential|attributable|related to|due to|"
+    r"associated with|(?:from|over|versus|vs\.?|compared (?:to|with)) (?:the )?(?:previous|prior|last|preceding|year-ago) quarter|"
+    r"quarter[- ]over[- ]quarter|q/q|QoQ|from (?:our|the) (?:previous|prior|last|original|earlier) (?:guid\w*|outlook|forecast|expectations?)|"
+    r"respectively)",
+    re.IGNORECASE,
+)
+# The amount belongs to what follows it: '44% net income growth', 'EUR 550 million R&D'.
+_OTHER_AFTER = re.compile(
+    r"^\s+(?:(?:(?!(?:and|or|but|while|with|as)\b)[\w-]+\s+){0,2}?(?:" + METRIC_WORDS.pattern.removeprefix(r"\b(").removesuffix(r")\b") + r")\b|"
+    r"(?:of |in |for |on )?(?:R&D|SG&A|research|marketing|interest|depreciation|amortization|inventor(?:y|ies)|cash|dividends?|"
+    r"stock|shares|tax(?:es)?)\b)",
+    re.IGNORECASE,
+)
+# Something else the amount is 'of' or 'in': '$33.1 billion in operating cash flow', '$2 billion of buybacks'.
+_AMOUNT_OF_OTHER = re.compile(r"^\s+(?:in|of|for|from|on)\s+(?!(?:the |our |its |fiscal |FY|Q[1-4]|\d|first|second|third|fourth|"
+                              r"full|this|next|each|revenue|sales|net sales|the quarter|the year))\w", re.IGNORECASE)
+_LONG_TERM = re.compile(r"\b(?:by|through) (?:fiscal |FY\s?)?20\d\d\b(?! (?:and|to) )|\bover the next (?:few|two|three|four|five|\d+) years\b",
+                        re.IGNORECASE)
+_PER_SHARE = re.compile(r"^\s*(?:a|per)\s+(?:diluted\s+|basic\s+)?share\b", re.IGNORECASE)
+_PERCENT_OF_REVENUE = re.compile(r"^\s*(?:of|as a percent(?:age)? of)\s+(?:total\s+|net\s+)?(?:revenues?|sales|net sales)\b",
+                                 re.IGNORECASE)
+_NON_GAAP = re.compile(r"\b(?:non[- ]GAAP|adjusted|pro forma|excluding)\b", re.IGNORECASE)
+_BOTH_BASES = re.compile(r"\bGAAP\b.*\bnon[- ]GAAP\b.*\brespectively\b", re.IGNORECASE)
+_GAAP = re.compile(r"\bGAAP\b")
+# Comparison phrases hold words ('the year', 'quarter') the period rules would read as the figure's period.
+_COMPARISON_PHRASE = re.compile(
+    r"\b(?:year[- ]over[- ]year|year[- ]on[- ]year|(?:the |a )?year[- ]ago(?: quarter| period)?|(?:the )?(?:prior|previous|last) "
+    r"(?:fiscal )?(?:year|quarter)|(?:the )?same (?:quarter|period) (?:of )?last year|from the prior year|"
+    # 'up 60 basis points from the fourth quarter': the period compared with, not the figure's
+    r"(?:from|versus|vs\.?|compared (?:to|with)|over|than|against)\s+(?:the\s+|our\s+)?(?:fourth|third|second|first|prior|"
+    r"previous|last|same|year-ago|Q[1-4])\b[^,;]*)",
+    re.IGNORECASE,
+)
+# Words that may stand before a metric without making it a part of the total.
+_PLAIN_QUALIFIERS = {
+    "total", "net", "overall", "consolidated", "company", "companywide", "record", "gaap", "non-gaap", "adjusted", "reported",
+    "quarterly", "fiscal", "full", "year", "full-year", "quarter", "annual", "calendar", "first", "second", "third", "fourth",
+    "first-quarter", "second-quarter", "third-quarter", "fourth-quarter", "fiscal-year", "q1", "q2", "q3", "q4", "fy",
+    "corporate", "all-time", "group",
+}
+# Words that end the walk back from a metric: what stands before them is not a modifier.
+_BOUNDARY_WORDS = {
+    "the", "our", "its", "their", "this", "that", "these", "a", "an", "of", "for", "in", "on", "at", "to", "with", "and", "or",
+    "as", "while", "was", "were", "is", "are", "be", "been", "had", "have", "has", "by", "from", "expect", "expects", "expected",
+    "expecting", "reported", "report", "delivered", "generated", "achieved", "posted", "grew", "see", "saw", "guide", "guiding",
+    "anticipate", "forecast", "raise", "raising", "raised", "lower", "lowering", "reaffirm", "reaffirming", "now", "then", "so",
+    "also", "and", "but", "record", "strong", "solid", "healthy", "higher", "lower", "increased", "decreased", "improved",
+    "into", "about", "approximately", "around", "roughly", "where", "when", "which", "who", "both", "all", "your", "my",
+    "we", "i", "you", "it", "they", "us", "whose", "total", "on", "path", "track", "toward", "towards", "remain", "remains",
+}
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str
+    pattern: re.Pattern
+
+
+def segment_patterns(segments: dict[str, tuple[str, ...]]) -> tuple[Segment, ...]:
+    """Registry segments ({name: aliases}) as patterns, longest names first."""
+    found = []
+    for name, aliases in segments.items():
+        words = sorted({name, *aliases}, key=len, reverse=True)
+        found.append(Segment(name, re.compile(r"\b(?:" + "|".join(re.escape(w) for w in words) + r")\b", re.IGNORECASE)))
+    return tuple(found)
+
+
+@dataclass
+class _Amount:
+    start: int
+    end: int
+    value: Decimal
+    low: Decimal | None
+    high: Decimal | None
+    unit: str  # currency code or 'percent'
+    scaled: bool  # a money amount with a scale word (or a large number)
+    text: str
+    change_then_level: bool = False  # 'by X to Y': only Y is a level
+
+
+def _currency(code: str | None) -> str:
+    return _CURRENCIES.get((code or "$").strip().lower(), "USD")
+
+
+def _one(match: re.Match, p: str) -> tuple[Decimal, str, bool] | None:
+    """Value, unit and whether a money amount carries a scale, of one side of AMOUNT."""
+    if match[f"{p}num"] is not None:
+        number = Decimal(match[f"{p}num"].replace(",", ""))
+        scale = (match[f"{p}scale"] or "").strip().lower()
+        unit = _currency(match[f"{p}cur"] if not match[f"{p}cur2"] else "eur")
+        return number * _SCALES.get(scale, Decimal(1)), unit, bool(scale) or number >= 10 ** 6
+    if match[f"{p}bare"] is not None:
+        number = Decimal(match[f"{p}bare"].replace(",", ""))
+        if match[f"{p}pct"]:
+            return number, "percent", False
+        currency = (match[f"{p}bcur"] or "").strip().lower()
+        unit = "EUR" if currency.startswith("euro") else "USD" if currency == "dollars" else "number"
+        return number * _SCALES[match[f"{p}bscale"].strip().lower()], unit, True
+    return None
+
+
+def _amounts(clause: str) -> list[_Amount]:
+    found = []
+    position = 0
+    while match := AMOUNT.search(clause, position):
+        position = match.end()
+        first = _one(match, "a")
+        if first is None:
+            continue
+        value, unit, scaled = first
+        low = high = None
+        end, text = match.end(), match.group(0)
+        second = _one(match, "b") if match["joint"] else None
+        if match["joint"] and second is None and match["bplain"] is not None:
+            number = Decimal(match["bplain"].replace(",", ""))
+            scale = _SCALES.get((match["bplainscale"] or "").strip().lower())
+            if scale is None and unit not in ("percent",) and match["ascale"]:
+                scale = _SCALES[match["ascale"].strip().lower()]
+            second = (number * (scale or 1), unit, bool(scale))
+        change_then_level = False
+        if second is not None:
+            joint = match["joint"].lower()
+            before = clause[max(0, match.start() - 30):match.start()].lower()
+            if joint == "and" and "between" not in before:
+                second = None  # 'revenue of $5 billion and 40% margin' is two figures, not a range
+            elif joint == "to" and (_CHANGE_BEFORE.search(before) or re.search(r"\bfrom\s+(?:approximately |about )?$", before)
+                                    and not re.search(r"\brang(?:e|ing) from\s*$", before)):
+                change_then_level = True  # 'by $0.5 billion to $11.5 billion', 'from $1.2 billion to $1.35 billion'
+        if second is not None:
+            other, other_unit, other_scaled = second
+            if not match["ascale"] and match["anum"] is not None and other_scaled and other_unit == unit:
+                scale_word = (match["bscale"] or match["bplainscale"] or "").strip().lower()
+                value *= _SCALES.get(scale_word, Decimal(1))  # '$89 to $93 billion'
+                scaled = True
+            if other_unit != unit and other_unit != "number":
+                second = None
+        if second is not None and change_then_level:
+            level_text = clause[match.end("joint"):end].strip()
+            found.append(_Amount(match.start(), end, second[0], None, None, unit, scaled or second[2], level_text, True))
+            continue
+        if second is not None:
+            low, high = sorted((value, second[0]))
+            value = (low + high) / 2
+        elif match["joint"]:
+            # Not a range ('up 14% to $271 million'): the amount ends before the joint word, and
+            # what follows it is read again as an amount of its own.
+            end = position = match.start("joint")
+            text = clause[match.start():end]
+        if match["pmnum"] is not None and second is None:
+            spread = Decimal(match["pmnum"].replace(",", ""))
+            pm_unit = (match["pmunit"] or "").strip().lower()
+            if pm_unit in ("%", "percent") and unit != "percent":
+                spread = value * spread / 100
+            elif pm_unit.startswith("basis") or pm_unit == "bps":
+                spread = spread / 100
+            elif pm_unit in _SCALES:
+                spread = spread * _SCALES[pm_unit]
+            low, high = value - spread, value + spread
+        if _NEGATIVE_BEFORE.search(clause[max(0, match.start() - 12):match.start()]):
+            value, low, high = -value, None if high is None else -high, None if low is None else -low
+        found.append(_Amount(match.start(), end, value, low, high, unit, scaled, text))
+    return found
+
+
+def _basis(text: str, last: bool) -> str | None:
+    """GAAP or non-GAAP, by the cue nearest the amount (before it: the last one)."""
+    cues = [(m.start(), "non-GAAP") for m in _NON_GAAP.finditer(text)]
+    cues += [(m.start(), "GAAP") for m in _GAAP.finditer(text) if not re.search(r"non[- ]$", text[:m.start()], re.IGNORECASE)]
+    if not cues:
+        return None
+    return (max(cues) if last else min(cues))[1]
+
+
+_DIGIT = re.compile(r"\d")
+_RANGE_OF_PERCENTS = re.compile(r"\b(\d+(?:\.\d+)?)\s*(to|-|–)\s*(\d+(?:\.\d+)?)\s?(%|percent\b)", re.IGNORECASE)
+# 'cost of revenues', 'percent of sales': the metric word names something else.
+_NOT_THE_METRIC = re.compile(r"(?:\b(?:cost|costs|percent|percentage|share|portion|half|mix|multiple)|%)\s+of\s+(?:[\w-]+\s+){0,3}$",
+                             re.IGNORECASE)
+# After a metric: 'revenue in the quarter' names a period, 'revenue from China' a part of the total.
+_PERIOD_AFTER = re.compile(r"(?:the\s+|this\s+|that\s+)?(?:quarter|year|period|first|second|third|fourth|full|fiscal|FY|Q[1-4]|"
+                           r"\d|calendar|constant currency|\$|€|EUR|USD|total|all|each|every|our guidance|the guidance)", re.IGNORECASE)
+_BARE_YEAR = re.compile(r"\b(?:in|for|of|during|calendar|year)\s+(20\d\d)\b(?!\s*(?:and|to|-)\s*20)", re.IGNORECASE)
+_ANNUAL = re.compile(r"\b(?:annual|for the year)\b", re.IGNORECASE)
+_RANGE_WORDS = re.compile(r"\b(?:rang(?:e|ing) from|in the range of)\s*$", re.IGNORECASE)
+
+
+class FigureParser:
+    """Figures in the statements of one call (one fiscal calendar, one set of segments)."""
+
+    def __init__(self, resolver: PeriodResolver, company_names: tuple[str, ...], segments: tuple[Segment, ...] = ()) -> None:
+        self.resolver = resolver
+        self.segments = segments
+        names = "|".join(re.escape(name.lower()) for name in company_names if name)
+        self._own = re.compile(rf"^(?:{names})(?:'s|’s)?$") if names else re.compile(r"(?!)")
+        # The offline statements stage parses a sentence for its derived guidance statement, and
+        # the figures stage parses it again in the same worker: the second time is a lookup.
+        self._parsed: dict[tuple[str, bool], list[RawFigure]] = {}
+
+    def parse(self, statement: str, prediction: bool = False) -> list[RawFigure]:
+        """The figures a statement states; `prediction` is the statement's label (a PREDICTION
+        with no cue of its own is guidance)."""
+        if not _DIGIT.search(statement) or (not METRIC_WORDS.search(statement) and "per share" not in statement.lower()):
+            return []
+        key = (statement, prediction)
+        if key not in self._parsed:
+            if len(self._parsed) > 20_000:
+                self._parsed.clear()
+            self._parsed[key] = self._parse(statement, prediction)
+        return list(self._parsed[key])
+
+    def _parse(self, statement: str, prediction: bool) -> list[RawFigure]:
+        statement = _RANGE_OF_PERCENTS.sub(r"\1\4 \2 \3\4", statement)  # '41 to 42%' is '41% to 42%'
+        figures: list[RawFigure] = []
+        default_kind = "guidance" if prediction else "reported"
+        starts = [0] + [m.end() for m in _CLAUSE.finditer(statement)]
+        ends = [m.start() for m in _CLAUSE.finditer(statement)] + [len(statement)]
+        for start, end in zip(starts, ends):
+            clause_kind, found = self._clause(statement[start:end], statement[:start], default_kind)
+            default_kind = clause_kind or default_kind
+            figures.extend(found)
+        unique: dict[tuple, RawFigure] = {}
+        for figure in figures:
+            unique.setdefault(figure.key + (figure.value, figure.low, figure.high, figure.unit), figure)
+        return list(unique.values())
+
+    def _clause(self, clause: str, earlier: str, default_kind: str) -> tuple[str | None, list[RawFigure]]:
+        """Figures of one clause; `earlier` is the statement's text before it (where a period
+        such as 'For the full year 2024, we expect ...' may stand)."""
+        amounts = _amounts(clause)
+        if not amounts or _CLAUSE_TRAP.search(clause):
+            return None, []
+        mentions = [(m.start(), m.end(), _METRIC_OF[m[1].lower()]) for m in METRIC_WORDS.finditer(clause)
+                    if not _NOT_THE_METRIC.search(clause[:m.start()])]
+        figures, kind, window_start = [], None, 0
+        for index, amount in enumerate(amounts):
+            # The period is read before the amount first, then after it up to the next amount (a
+            # later period may belong to something else), then in the statement before the clause.
+            region_end = amounts[index + 1].start if index + 1 < len(amounts) else len(clause)
+            periods = (clause[:amount.start], clause[amount.end:region_end], earlier)
+            kind = self._kind(clause[:amount.start], default_kind)
+            mention = next(((s, e, m) for s, e, m in reversed(mentions) if e <= amount.start), None)
+            if mention is None and _PER_SHARE.search(clause[amount.end:]) and re.search(
+                    r"\b(?:earnings|income|EPS)\b", clause[:amount.start], re.IGNORECASE):
+                mention = (amount.start, amount.start, "eps")  # 'earnings of $0.60 per share'
+            if mention is not None and (figure := self._attach(mention, amount, kind, clause, periods, window_start)):
+                figures.append(figure)
+            window_start = amount.end
+        return kind, figures
+
+    @staticmethod
+    def _kind(before: str, default_kind: str) -> str:
+        """The last cue before the amount decides: 'was' reports, 'expect' guides."""
+        cues = [(m.start(), "guidance") for m in _GUIDANCE_CUE.finditer(before)]
+        cues += [(m.start(), "reported") for m in _REPORTED_CUE.finditer(before)]
+        return max(cues)[1] if cues else default_kind
+
+    def _attach(self, mention: tuple[int, int, str], amount: _Amount, kind: str, clause: str, period_texts: tuple[str, ...],
+                window_start: int) -> RawFigure | None:
+        start, end, metric = mention
+        between, after = clause[end:amount.start], clause[amount.end:]
+        just_before = clause[max(0, start - 30):start].rpartition(",")[2]
+        if (_TRAP.search(between) or _TRAP.search(just_before) or _AFTER_TRAP.search(after) or _AMOUNT_OF_OTHER.search(after)
+                or (_OTHER_AFTER.search(after) and not (amount.unit == "percent" and _PERCENT_OF_REVENUE.search(after)))
+                or _BOTH_BASES.search(clause)):
+            return None
+        if len(between) > 90 or (METRIC_WORDS.search(between) and metric != "eps"):
+            return None  # too far from its metric, or another metric stands between them
+        segment, known = self._segment(clause, start, end, period_texts[-1])
+        if not known:
+            return None
+        since_previous = clause[max(window_start, end):amount.start]
+        if amount.unit == "percent" and metric == "revenue" and _GROWTH.search(since_previous) \
+                and not re.search(r"\b(?:and|with|while)\b", since_previous):
+            metric = "revenue_growth"  # 'revenue was $271 million, up 14%'
+        else:
+            near = _RANGE_WORDS.sub(" ", clause[max(window_start, end, amount.start - 40):amount.start])
+            if not amount.change_then_level and (_COMPARISON_BEFORE.search(near) or _CHANGE_BEFORE.search(near)):
+                return None  # 'up from $1.20 billion', 'ahead of our outlook of $280 million', 'by $50 million'
+            if amount.unit == "percent" and _PERCENT_OF_REVENUE.search(after):
+                metric = {"operating_income": "operating_margin"}.get(metric, metric)  # '$55 million, or 15.2% of revenue'
+        if _PER_SHARE.search(after):
+            if metric not in ("eps", "net_income"):
+                return None  # a dividend or other amount per share
+            metric = "eps"
+        if metric == "eps":
+            if amount.unit in ("percent", "number") or amount.scaled or amount.value >= 100:
+                return None
+        elif metric in PERCENT_METRICS:
+            if amount.unit != "percent":
+                return None
+        elif amount.unit == "percent" or not amount.scaled:
+            return None  # 'revenue guidance is 30%', or '$3': not an amount of money the size of a total
+        if segment is not None:
+            if metric == "revenue":
+                metric = "segment_revenue"
+            elif metric != "revenue_growth":
+                return None  # a segment's margin or income is not the company's, and the vocabulary has no place for it
+        return self._figure(metric, segment, amount, kind, clause, period_texts)
+
+    def _segment(self, clause: str, metric_start: int, metric_end: int, earlier: str) -> tuple[str | None, bool]:
+        """The registry segment the metric is qualified by (None: the total), and False when
+        a part of the business the registry does not name qualifies it ('services revenue').
+        `earlier` is the statement before the clause ('In Intelligent Cloud, we expect ...')."""
+        window = (earlier + clause[:metric_start])[-60:]
+        tail = re.match(r"\s+(from|in|for)\s+(?:the\s+|our\s+|its\s+)?", clause[metric_end:])
+        following = clause[metric_end + tail.end():] if tail else ""
+        for segment in self.segments:
+            if segment.pattern.search(window) or (following and segment.pattern.match(following)):
+                return segment.name, True
+        if tail and not _PERIOD_AFTER.match(following) and (
+                tail[1] != "for" or re.match(r"[\w&-]+(?:\s+[\w&-]+)?\s+(?:business|segment|group|division|unit|products?)\b", following)):
+            return None, False  # 'revenue from emerging markets', 'revenue for the storage business'
+        if re.search(r"\b(?:group|business|segment|division|unit|products?|services)\b[^.$;]{0,30}$", window, re.IGNORECASE):
+            return None, False
+        for word in reversed(re.findall(r"[\w'’&.-]+|[,:(]", clause[:metric_start])[-5:]):
+            lower = word.lower().rstrip(".")
+            verb = re.fullmatch(r"[a-z]{3,}(?:ed|ing|ly)", word) is not None  # 'reduced capex', 'expecting revenue'
+            if (lower in _BOUNDARY_WORDS and word not in ("US", "U.S")) or verb or word in ",:(" or self._own.match(lower):
+                return None, True
+            if lower in _PLAIN_QUALIFIERS or re.fullmatch(r"'?\d{2,4}|fy\d{2,4}|q[1-4]", lower):
+                continue
+            return None, False
+        return None, True
+
+    def _figure(self, metric: str, segment: str | None, amount: _Amount, kind: str, clause: str, period_texts: tuple[str, ...]
+                ) -> RawFigure | None:
+        period = self._period(period_texts, forward=kind == "guidance")
+        if period is None or amount.unit == "number":
+            return None
+        quarter, year = (int(period.label[1]), int(period.label[3:])) if period.label.startswith("Q") else (None, int(period.label[2:]))
+        publication = self.resolver.context.publication_date
+        if kind == "reported" and period.start > publication:
+            kind = "guidance"
+        if kind == "guidance":
+            if period.end <= publication:
+                return None  # guidance for a period already over is an old figure cited for comparison
+            reported_year = self.resolver.reported[1] if self.resolver.reported else publication.year
+            if year > reported_year + 1 or _LONG_TERM.search(clause):
+                return None  # a long-term target, not guidance for a period
+        basis = _basis(clause[:amount.start], last=True) or _basis(clause[amount.end:], last=False)
+        unit = "percent" if amount.unit == "percent" else f"{amount.unit}/share" if metric == "eps" else amount.unit
+        return RawFigure(metric=metric, segment=segment, basis=basis, kind=kind, fiscal_year=year, fiscal_quarter=quarter,
+                         value=float(amount.value), low=None if amount.low is None else float(amount.low),
+                         high=None if amount.high is None else float(amount.high), unit=unit,
+                         text=re.sub(r"\s+and\s+", " to ", " ".join(amount.text.split())))
+
+    def _period(self, texts: tuple[str, ...], forward: bool):
+        """The first period `texts` name, in order; with none named, a result is for the
+        quarter the call reports and guidance for the next one."""
+        for text in texts:
+            text = _COMPARISON_PHRASE.sub(" ", text)
+            period = self.resolver.find(text, forward=forward)
+            if period is not None:
+                return period
+            if _ANNUAL.search(text):
+                return self.resolver.find("the full year", forward=forward)
+            if year := _BARE_YEAR.search(text):  # 'gross margin for 2015 was 46.1%'
+                return self.resolver.fiscal_year(int(year[1]))
+        return self.resolver.shift(1 if forward else 0)
+
+
+@lru_cache(maxsize=64)
+def figure_parser(context: DocumentContext) -> FigureParser:
+    """The parser for one call: its fiscal calendar, its company's names and segments."""
+    company = get_company(context.ticker)
+    return FigureParser(PeriodResolver(context), (company.name, *company.aliases, context.short_name, context.main_entity),
+                        segment_patterns(dict(company.segments)))
+
+
+def segments_fingerprint() -> str:
+    """The registry's segments: part of the figures code version, since they decide segment figures."""
+    import hashlib
+
+    text = repr(sorted((ticker, company.segments) for ticker, company in load_companies().items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_METRIC_WORDS_OF = {"eps": "EPS", "capex": "capex"}
+
+
+def guidance_phrase(figure: RawFigure) -> str:
+    """'FY2024 revenue guidance is $1.35 billion': how a derived statement names a guided figure."""
+    period = f"Q{figure.fiscal_quarter} {figure.fiscal_year}" if figure.fiscal_quarter else f"FY{figure.fiscal_year}"
+    metric = _METRIC_WORDS_OF.get(figure.metric.value, figure.metric.value.replace("_", " "))
+    if figure.segment:
+        metric = f"{figure.segment} {'revenue' if figure.metric.value == 'segment_revenue' else metric}"
+    basis = f"{figure.basis} " if figure.basis else ""
+    return f"{period} {basis}{metric} guidance is {figure.text}"

@@ -1,0 +1,400 @@
+"""Invalidation candidates (REFERENCE 1.8) for all events at once: blocks, sweeps and matrix
+products instead of a loop over events.
+
+For every incoming FACT, non-ATEMPORAL event X with bounds [xs, xe] (xe = invalid_at, or
+valid_at when open), a candidate C must
+1. share a canonical entity with X at triplet level, under a predicate of the same group;
+2. overlap X in time: a STATIC C starts inside [xs, xe]; a DYNAMIC C contains xs (started at
+   or before it and not ended before it) or starts inside [xs, xe];
+3. have cosine >= min_cosine with X; the top `top_k` per X and candidate type are kept.
+
+Restatements count once: candidates are ranked by the fact they state (`fact_key`, the
+canonical triplets), so the same fact restated every quarter takes one of the k places.
+
+Each selected (X, candidate) is a judge pair oriented from the older event to the newer one:
+an older DYNAMIC candidate may be retired by X, and a DYNAMIC X by a candidate that starts
+after it. The restatements of a fact state the same canonical triplets, so of a primary's
+pairs with the restatements of one fact only the earliest can set its `invalid_at` (the
+earliest retirement wins). That one pair is kept: the judge is not asked the same question
+once per quarter.
+
+How, in two vectorised steps:
+1. Rank. Events are blocked by (canonical entity, predicate group); small blocks are packed
+   into one batch. Inside a batch events are in time order, so the candidates a chunk of
+   incoming events can reach are a range (a sweep over time). Their cosines are one matrix
+   product per chunk, reduced to the best cosine per (X, fact) and cut to X's top_k facts;
+   batches run on all cores. One integer sort then ranks these (X, fact) rows over all
+   blocks. Cutting per block first is exact: a fact among X's top k over all blocks is among
+   its top k in every block that holds it (all restatements of a fact share its blocks).
+2. Pair. For each selected (X, fact), the earliest qualifying restatement on each side is
+   found by binary search over events in time order, and cosines are computed only for the
+   pairs that could be kept (a failed cosine passes the turn to the next restatement).
+
+Cosines are computed on embeddings rounded so that float32 holds every dot product exactly
+(`exact_vectors`): the same pair gets the same cosine whichever product computed it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+from threadpoolctl import threadpool_limits
+
+from tkg.core.arrays import run_starts
+from tkg.core.embeddings import embedding_matrix, normalise_rows
+
+ROW_CHUNK = 512  # incoming events per matrix product in a large block
+BATCH_ROWS = 256  # small blocks are packed into one product up to this many events
+EXPAND_CHUNK = 4096  # pairs whose cosines are computed at once (gathers that stay in cache)
+_NEVER = np.iinfo(np.int64).max
+QUANTUM = 2**11  # embedding components are rounded to multiples of 1 / QUANTUM (see exact_vectors)
+# the cores this process may run on (a container's share, not the host's count)
+WORKERS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+PAIRS_SCHEMA = pa.schema([
+    ("primary_event_id", pa.string()), ("secondary_event_id", pa.string()), ("cosine", pa.float32()),
+    ("shared_entity_id", pa.string()), ("predicate_group", pa.int8()),
+])
+
+
+def _micros(column: pa.ChunkedArray) -> np.ndarray:
+    values = pc.cast(column, pa.timestamp("us", tz="UTC")).cast(pa.int64())
+    return np.asarray(values.fill_null(_NEVER).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def exact_vectors(embeddings: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """Unit vectors (zero rows stay zero) rounded to multiples of 1 / QUANTUM, as float32.
+
+    A product of two such components is a multiple of 2**-22, and every partial sum of a dot
+    product stays below 2 in magnitude (Cauchy-Schwarz; rounding moves a norm by at most
+    sqrt(d) / 4096), so float32 holds it exactly: a cosine comes out bit-identical whatever
+    kernel, chunk or summation order computed it, and ties between near-identical statements
+    break the same way in every run. The rounding moves a cosine by about 2e-4.
+
+    `rows`: take these rows, in this order."""
+    vectors = normalise_rows(embeddings if rows is None else np.asarray(embeddings)[rows])
+    vectors *= QUANTUM
+    np.rint(vectors, out=vectors)
+    vectors /= QUANTUM
+    return vectors
+
+
+class _Facts:
+    """The facts as arrays indexed 0..n-1 in event_id order."""
+
+    def __init__(self, facts: pa.Table) -> None:
+        order = pc.sort_indices(facts.column("event_id")).to_numpy()
+
+        def column(name: str) -> pa.ChunkedArray:
+            return facts.column(name).take(order)
+
+        self.ids = column("event_id").combine_chunks()
+        matrix, present = embedding_matrix(facts.column("embedding"))
+        if not present.all():
+            raise ValueError("some events carry no embedding or one of another size; rebuild temporal_events with one embedder")
+        self.vectors = exact_vectors(matrix, order)
+        self.start = _micros(column("valid_at"))
+        self.end_or_never = _micros(column("invalid_at"))
+        self.bound = np.where(self.end_or_never == _NEVER, self.start, self.end_or_never)
+        # A DYNAMIC candidate qualifies iff reach >= xs and start <= xe: it contains xs, or
+        # starts inside [xs, xe] (reach is its end, never before its start).
+        self.reach = np.maximum(self.end_or_never, self.start)
+        # position in (valid_at, event_id) order
+        self.time_position = np.empty(len(self.start), dtype=np.int64)
+        self.time_position[np.argsort(self.start, kind="stable")] = np.arange(len(self.start))
+        self.dynamic = np.asarray(pc.equal(column("temporal_type"), "DYNAMIC").to_numpy(zero_copy_only=False), dtype=bool)
+        # keys numbered in text order: rank ties break on the key text, whatever the input order
+        self.key = pl.Series(column("fact_key")).rank("dense").to_numpy().astype(np.int64) - 1
+
+
+def _sorting(*keys: tuple[np.ndarray, int]) -> np.ndarray:
+    """Indices that sort by several non-negative integer keys, most significant first, each
+    given with an exclusive bound: one int64 sort when the bounds fit in 62 bits, else lexsort.
+    Rows equal on every key may come in any order."""
+    if math.prod(bound for _, bound in keys) < 2**62:
+        composite = np.zeros(len(keys[0][0]), dtype=np.int64)
+        for values, bound in keys:
+            composite *= bound
+            composite += values
+        return np.argsort(composite)
+    return np.lexsort(tuple(values for values, _ in reversed(keys)))
+
+
+# --- 1. rank ----------------------------------------------------------------------------------
+
+
+def _top_facts(scores: np.ndarray, group_starts: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(fact, row, best cosine) for each row's top_k facts by best score.
+
+    `scores` is candidates x rows, with the candidates grouped by fact (fact f's candidates
+    start at group_starts[f]) and -inf where a candidate does not qualify; ties between facts
+    break on the smaller fact, as the final ranking does (facts are in key order)."""
+    best = np.maximum.reduceat(scores, group_starts, axis=0) if len(group_starts) < scores.shape[0] else scores
+    if best.shape[0] > top_k:
+        threshold = -np.partition(-best, top_k - 1, axis=0)[top_k - 1][None, :]
+        above = best > threshold
+        tied = best == threshold
+        slots = top_k - above.sum(axis=0, keepdims=True)
+        chosen = above | (tied & (np.cumsum(tied, axis=0) <= slots))
+        chosen &= np.isfinite(best)
+    else:
+        chosen = np.isfinite(best)
+    facts, rows = np.nonzero(chosen)
+    return facts, rows, best[facts, rows]
+
+
+def _batch_ranks(f: _Facts, members: np.ndarray, labels: np.ndarray, min_cosine: float, top_k: int) -> list[tuple[np.ndarray, ...]]:
+    """(incoming, fact key, best cosine, candidate is DYNAMIC, block) for each incoming event's
+    top_k facts per candidate type, in each block of a batch: `members` are the blocks' events
+    and `labels` their blocks. Small blocks share a batch (one matrix product, cross-block
+    pairs masked out); a large block is a batch of its own, swept in chunks of rows."""
+    several = labels[0] != labels[-1]  # labels come sorted
+    by_start = np.argsort(f.start[members], kind="stable")
+    members, labels = members[by_start], labels[by_start]
+    out: list[tuple[np.ndarray, ...]] = []
+    for dynamic_type in (True, False):
+        is_column = f.dynamic[members] == dynamic_type
+        if not is_column.any():
+            continue
+        columns_all, column_labels = members[is_column], labels[is_column]
+        is_row = np.ones(len(members), dtype=bool)
+        if not dynamic_type:
+            # A STATIC candidate can only ever retire a DYNAMIC X that has an end (it must start
+            # after xs and before X's end), so the other events need no STATIC ranking.
+            is_row = f.dynamic[members] & (f.end_or_never[members] != _NEVER)
+            if not is_row.any():
+                continue
+        rows_all, row_labels_all = members[is_row], labels[is_row]
+        column_start = f.start[columns_all]
+        # Columns grouped by fact (stable, so in time order inside a fact) for the per-fact best.
+        by_fact = np.argsort(f.key[columns_all], kind="stable")
+        for offset in range(0, len(rows_all), ROW_CHUNK):
+            rows, row_labels = rows_all[offset : offset + ROW_CHUNK], row_labels_all[offset : offset + ROW_CHUNK]
+            xs, xe = f.start[rows][None, :], f.bound[rows][None, :]
+            # rows and columns are in time order: the columns a chunk can reach are a range
+            low = 0 if dynamic_type else np.searchsorted(column_start, xs.min(), side="left")
+            high = np.searchsorted(column_start, xe.max(), side="right")
+            if high <= low:
+                continue
+            order = by_fact[(by_fact >= low) & (by_fact < high)] if low or high < len(by_fact) else by_fact
+            columns = columns_all[order]
+            # candidates x rows, so that the per-fact reduction runs over contiguous rows
+            cosine = f.vectors[columns] @ f.vectors[rows].T
+            column_start_now = f.start[columns][:, None]
+            if dynamic_type:
+                drop = (f.reach[columns][:, None] < xs) | (column_start_now > xe)
+            else:
+                drop = (column_start_now < xs) | (column_start_now > xe)
+            drop |= (cosine < min_cosine) | (columns[:, None] == rows[None, :])
+            if several:
+                drop |= column_labels[order][:, None] != row_labels[None, :]
+            if drop.all():
+                continue
+            np.putmask(cosine, drop, -np.inf)
+            keys = f.key[columns]
+            group_starts = run_starts(keys)
+            fact, r, best = _top_facts(cosine, group_starts, top_k)
+            out.append((rows[r], keys[group_starts[fact]], best, np.full(len(r), dynamic_type, dtype=bool), row_labels[r]))
+    return out
+
+
+def _ranked(f: _Facts, blocks: pl.DataFrame, min_cosine: float, top_k: int) -> dict[str, np.ndarray]:
+    """incoming, candidate_dynamic, key, block, predicate_group for each incoming event's
+    top_k facts per candidate type over all blocks (block and group: the smallest that hold
+    both the event and the fact)."""
+    sizes = blocks["idx"].list.len().to_numpy()
+    members = blocks["idx"].explode().to_numpy().astype(np.int64)
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    offsets = np.r_[0, np.cumsum(sizes)]
+    batches, first = [], 0
+    while first < len(sizes):
+        last = first + 1  # consecutive small blocks share a batch, up to BATCH_ROWS events
+        while last < len(sizes) and offsets[last + 1] - offsets[first] <= BATCH_ROWS:
+            last += 1
+        batches.append(slice(offsets[first], offsets[last]))
+        first = last
+    # numpy releases the GIL in the products, masks and reductions, so batches run on all
+    # cores (BLAS on one thread each, not one per core per batch); map keeps their order
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        parts = [part for found in pool.map(lambda batch: _batch_ranks(f, members[batch], labels[batch], min_cosine, top_k), batches)
+                 for part in found]
+    if not parts:
+        return {}
+    incoming, key, cosine, dynamic, block = (np.concatenate(arrays) for arrays in zip(*parts))
+    group = blocks["predicate_group"].to_numpy()[block]
+    # one row per (incoming, type, fact): its best cosine, smallest block and group
+    n, facts = len(f.key), int(f.key.max()) + 1
+    owner = incoming * 2 + dynamic
+    order = _sorting((owner, 2 * n), (key, facts))
+    owner, key, cosine, block, group = owner[order], key[order], cosine[order], block[order], group[order]
+    runs = run_starts(owner, key)
+    owner, key = owner[runs], key[runs]
+    cosine = np.maximum.reduceat(cosine, runs)
+    block, group = np.minimum.reduceat(block, runs), np.minimum.reduceat(group, runs)
+    # each owner's top_k facts by cosine, ties on the smaller key
+    # cosines are exact multiples of 2**-22 below 2 in magnitude (exact_vectors): as integers
+    # they sort exactly
+    descending = 2**23 - np.rint(cosine.astype(np.float64) * 2**22).astype(np.int64)
+    by_rank = _sorting((owner, 2 * n), (descending, 2**24 + 1), (key, facts))
+    starts = run_starts(owner[by_rank])
+    rank = np.arange(len(by_rank)) - np.repeat(starts, np.diff(np.r_[starts, len(by_rank)]))
+    chosen = np.zeros(len(owner), dtype=bool)
+    chosen[by_rank[rank < top_k]] = True
+    return {"incoming": owner[chosen] // 2, "candidate_dynamic": (owner[chosen] % 2).astype(bool),
+            "key": key[chosen], "block": block[chosen], "predicate_group": group[chosen]}
+
+
+# --- 2. expand and orient, 3. reduce -----------------------------------------------------------
+
+
+def _cosines(f: _Facts, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosines of the pairs (a[i], b[i]), in chunks whose gathers stay in cache, on all cores."""
+    out = np.empty(len(a), dtype=np.float32)
+
+    def chunk(at: int) -> None:
+        left = np.take(f.vectors, a[at : at + EXPAND_CHUNK], axis=0)
+        right = np.take(f.vectors, b[at : at + EXPAND_CHUNK], axis=0)
+        out[at : at + EXPAND_CHUNK] = np.einsum("ij,ij->i", left, right)
+
+    if len(a) <= EXPAND_CHUNK:
+        chunk(0)
+    else:
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            list(pool.map(chunk, range(0, len(a), EXPAND_CHUNK)))
+    return out
+
+
+def _first_qualifying(f: _Facts, anchor: np.ndarray, pool: np.ndarray, position: np.ndarray, stop: np.ndarray,
+                      limit: np.ndarray, min_cosine: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each query i, the first pool[position[i]:stop[i]] (events in time order) that starts
+    before limit[i] and has cosine >= min_cosine with anchor[i]: (pool position or -1, cosine).
+
+    Cosines are computed for each query's current candidate only; a failure passes the turn to
+    the next one, and a candidate starting at or after the limit ends the search."""
+    position = position.copy()
+    found = np.full(len(anchor), -1, dtype=np.int64)
+    cosine = np.zeros(len(anchor), dtype=np.float32)
+    open_ = np.flatnonzero(position < stop)
+    while len(open_):
+        open_ = open_[f.start[pool[position[open_]]] < limit[open_]]
+        scores = _cosines(f, anchor[open_], pool[position[open_]])
+        passed = scores >= min_cosine
+        found[open_[passed]], cosine[open_[passed]] = position[open_[passed]], scores[passed]
+        open_ = open_[~passed]
+        position[open_] += 1
+        open_ = open_[position[open_] < stop[open_]]
+    return found, cosine
+
+
+def _earliest_pairs(f: _Facts, selected: dict[str, np.ndarray], min_cosine: float) -> dict[str, np.ndarray]:
+    """Judge pairs from the selected (X, fact) rows: per primary and fact of the secondary, the
+    earliest secondary that qualifies, with its cosine and the smallest block and group that
+    selected it; sorted by (primary, secondary).
+
+    (a) An older DYNAMIC restatement c of a selected fact K is retired by X when c starts
+    before xs and is still open after it (then c contains xs, so it qualifies in time). Per
+    (c, fact of X), only the earliest such X counts: the selecting X of one fact, in time
+    order, are swept once per restatement of K.
+    (b) A DYNAMIC X with an end is retired by a restatement of K that starts after xs and
+    before X's end (inside X's bounds); the earliest one counts. An open X has no later
+    candidates at all: its bounds are [xs, xs].
+    """
+    incoming, key, candidate_dynamic = selected["incoming"], selected["key"], selected["candidate_dynamic"]
+    block, group = selected["block"], selected["predicate_group"]
+    n = len(f.key)
+    _, when = np.unique(f.start, return_inverse=True)  # start times ranked; ties share a rank
+    when = when.astype(np.int64)
+    span = int(when.max()) + 2
+    # restatements by (fact, type), each run in (valid_at, event_id) order
+    facts = int(f.key.max()) + 1
+    order = _sorting((f.key * 2 + f.dynamic, 2 * facts), (f.time_position, n))
+    slot_of = f.key[order] * 2 + f.dynamic[order]
+    slots = np.arange(2 * facts)
+    first, last = np.searchsorted(slot_of, slots, side="left"), np.searchsorted(slot_of, slots, side="right")
+    run_position = slot_of * span + when[order]
+
+    def expand(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        counts = high - low
+        owner = np.repeat(np.arange(len(low)), counts)
+        return owner, np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts - low, counts)
+
+    found = []
+    # (a): selected DYNAMIC facts, grouped by (fact of X, fact K); X in time order in a group
+    rows = np.flatnonzero(candidate_dynamic)
+    rows = rows[_sorting((f.key[incoming[rows]], facts), (key[rows], facts), (f.time_position[incoming[rows]], n))]
+    xs_of = incoming[rows]
+    group_first = run_starts(f.key[xs_of], key[rows])
+    group_stop = np.r_[group_first[1:], len(rows)].astype(np.int64)
+    group_id = np.repeat(np.arange(len(group_first)), group_stop - group_first)
+    # every DYNAMIC restatement c of K, against its group's X
+    k = key[rows[group_first]]
+    owner, at = expand(first[k * 2 + 1], last[k * 2 + 1])
+    c = order[at]
+    position = np.searchsorted(group_id * span + when[xs_of], owner * span + when[c], side="right")
+    hit, cosine = _first_qualifying(f, c, xs_of, position, group_stop[owner], f.end_or_never[c], min_cosine)
+    chosen = hit >= 0
+    found.append((c[chosen], xs_of[hit[chosen]], cosine[chosen], block[rows[hit[chosen]]], group[rows[hit[chosen]]]))
+    # (b): a DYNAMIC X with an end, against the restatements of each fact it selected
+    rows = np.flatnonzero(f.dynamic[incoming] & (f.end_or_never[incoming] != _NEVER))
+    slot = key[rows] * 2 + candidate_dynamic[rows]
+    position = np.searchsorted(run_position, slot * span + when[incoming[rows]], side="right")
+    hit, cosine = _first_qualifying(f, incoming[rows], order, position, last[slot], f.end_or_never[incoming[rows]], min_cosine)
+    chosen = hit >= 0
+    found.append((incoming[rows[chosen]], order[hit[chosen]], cosine[chosen], block[rows[chosen]], group[rows[chosen]]))
+
+    primary, secondary, cosine, block, group = (np.concatenate(parts) for parts in zip(*found))
+    # union: per (primary, fact of the secondary) the earliest secondary, then one row per pair
+    by_fact_time = _sorting((f.key, facts), (f.time_position, n))
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_fact_time] = np.arange(n)
+    composite = primary * n + rank[secondary]
+    sort = np.argsort(composite)
+    primary, secondary, cosine, block, group, composite = (a[sort] for a in (primary, secondary, cosine, block, group, composite))
+    earliest = np.zeros(len(primary), dtype=bool)
+    earliest[run_starts(primary, f.key[secondary])] = True
+    same_pair = run_starts(composite)
+    block, group = np.minimum.reduceat(block, same_pair), np.minimum.reduceat(group, same_pair)
+    keep = earliest[same_pair]
+    runs = same_pair[keep]
+    final = np.argsort(primary[runs] * n + secondary[runs])
+    return {"primary": primary[runs][final], "secondary": secondary[runs][final], "cosine": cosine[runs][final],
+            "block": block[keep][final], "predicate_group": group[keep][final]}
+
+
+def select_candidates(facts: pa.Table, links: pa.Table, min_cosine: float = 0.5, top_k: int = 10) -> pa.Table:
+    """Judge pairs (primary, secondary) with their cosine, a shared entity and its group.
+
+    `facts`: event_id, temporal_type, valid_at, invalid_at, embedding, fact_key (FACT,
+    non-ATEMPORAL). `links`: event_id, canonical_id, predicate_group per triplet endpoint.
+    The primary is the older event (DYNAMIC), the secondary the newer one that might retire
+    it; per primary and fact of the secondary, only the earliest secondary is kept.
+    """
+    if facts.num_rows == 0 or links.num_rows == 0:
+        return PAIRS_SCHEMA.empty_table()
+    f = _Facts(facts)
+    blocks = (
+        pl.from_arrow(links).select(["event_id", "canonical_id", "predicate_group"])
+        .join(pl.DataFrame({"event_id": pl.Series(f.ids), "idx": np.arange(len(f.ids), dtype=np.int64)}), on="event_id")
+        .unique(["idx", "canonical_id", "predicate_group"])
+        .group_by(["canonical_id", "predicate_group"]).agg(pl.col("idx").sort())
+        .filter(pl.col("idx").list.len() > 1)
+        .sort(["canonical_id", "predicate_group"])
+    )
+    selected = _ranked(f, blocks, min_cosine, top_k)
+    if not selected:
+        return PAIRS_SCHEMA.empty_table()
+    pairs = _earliest_pairs(f, selected, min_cosine)
+    block_entities = blocks["canonical_id"].to_arrow()
+    return pa.table({
+        "primary_event_id": pc.take(f.ids, pairs["primary"]).cast(pa.string()),
+        "secondary_event_id": pc.take(f.ids, pairs["secondary"]).cast(pa.string()),
+        "cosine": pa.array(pairs["cosine"], pa.float32()),
+        "shared_entity_id": pc.take(block_entities, pairs["block"]).cast(pa.string()),
+        "predicate_group": pa.array(pairs["predicate_group"], pa.int8()),
+    }, schema=PAIRS_SCHEMA)

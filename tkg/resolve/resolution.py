@@ -1,0 +1,797 @@
+"""Entity resolution: map every mention to a canonical entity, with stable ids.
+
+The structure follows the seed (REFERENCE 1.7): entities are grouped by type, clustered on
+their names, each cluster's medoid names it, acronyms are matched, and clusters are matched
+against canonicals that already exist. What changes is how names are compared:
+
+- people: names are parsed (nameparser); two names match when the surnames agree and the given
+  names align token by token, where a token matches the same token, its initial, a nickname
+  ('Bob' = 'Robert', `nicknames`) or a prefix ('Jen' = 'Jensen'). Sharing a first name only
+  is never enough, and different middle initials keep people apart.
+- organisations: legal suffixes are stripped (cleanco) and the company registry (tickers,
+  legal names, aliases) seeds canonicals, so 'AMD' and 'Advanced Micro Devices, Inc.' are one
+  entity. Fuzzy matching uses whole-string ratios, never `partial_ratio`, whose substring
+  scores merge 'Micron' with 'Microsoft'; a name that only extends another ('Micron' vs
+  'Micron Technology') merges when the extra words are generic corporate words or the
+  description embeddings agree.
+- offices ('CFO of Intel Corporation') match exactly on (role, organisation); metrics and
+  numbers match exactly; other types fuzzily with their digits required to agree.
+
+Grouping is computed from all current mentions at once and visits names in a fixed order, and
+every live canonical (id, name, description, aliases) is a function of the mentions and the
+company registry alone, so the result does not depend on the order partitions were ingested or
+on earlier builds. A cluster's id hashes its earliest-seen name, which later calls never
+change, so ids stay stable as new partitions arrive; ids an earlier build issued that no
+longer name an entity are kept, with `merged_into` pointing at the entity holding their names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from itertools import groupby
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+from nameparser import HumanName
+from nicknames import NickNamer
+from rapidfuzz import fuzz, process
+
+from tkg.core import tables
+from tkg.core.arrays import run_starts, take_rows
+from tkg.core.companies import Company, load_companies
+from tkg.core.embeddings import embedding_matrix
+from tkg.core.names import company_for_name, fold, organisation_key
+from tkg.core.roles import parse_offices
+
+FUZZY_THRESHOLD = 92  # whole-string ratio on folded names (seed: partial_ratio >= 80)
+EXTENSION_THRESHOLD = 90  # partial_ratio band where one name extends another
+DESCRIPTION_COSINE = 0.85
+GENERIC_ORG_WORDS = {
+    "technology", "technologies", "systems", "networks", "semiconductor", "semiconductors", "corporation", "corp",
+    "company", "co", "incorporated", "inc", "group", "holding", "holdings", "international", "labs", "laboratories",
+    "communications", "solutions", "software", "electronics", "devices", "computer", "computers", "industries",
+}
+PERSON, ORGANIZATION, ROLE = "Person", "Organization", "Role"
+METRIC, NUMERIC, PRODUCT = "Metric", "Numeric", "Product"
+
+
+@lru_cache(maxsize=1)
+def _nicknamer() -> NickNamer:
+    return NickNamer()
+
+
+@lru_cache(maxsize=200_000)
+def _nickname_match(a: str, b: str) -> bool:
+    namer = _nicknamer()
+    return b in namer.nicknames_of(a) or b in namer.canonicals_of(a) or bool(namer.canonicals_of(a) & namer.canonicals_of(b))
+
+
+# --- people ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PersonName:
+    given: tuple[str, ...]
+    last: str
+
+    @property
+    def informativeness(self) -> tuple[int, int]:
+        """(given-name tokens, full given-name tokens, i.e. not initials)."""
+        return len(self.given), sum(len(token) > 1 for token in self.given)
+
+
+# 'Lisa Su', 'Colette M. Kress', 'Jen-Hsun Huang': capitalised words and initials, nothing
+# nameparser would read as a title, suffix, particle or conjunction. nameparser (about 0.5 ms a
+# name) splits these as first / middle / last by position, so they skip it.
+_GIVEN = r"[A-Z][a-z]+(?:-[A-Z][a-z]+)?"
+# 'Colette M. Kress', 'S.T. Sacconaghi', "Dave O'Connor", 'Kai S. DeYoung': nameparser splits
+# these at the last space
+_SURNAME = r"[A-Z](?:[a-z]|'?[A-Z])*[a-z]"  # 'Su', 'McNealy', "O'Connor", 'DiClemente'
+_PLAIN_PERSON = re.compile(rf"(?:{_GIVEN}|(?:[A-Z]\.)+)(?: (?:[A-Z]\.|{_GIVEN})){{0,2}} {_SURNAME}")
+
+
+@lru_cache(maxsize=1)
+def _nameparser_words() -> frozenset[str]:
+    from nameparser.config import CONSTANTS
+
+    words: set[str] = set()
+    for kind in ("titles", "suffix_acronyms", "suffix_not_acronyms", "suffix_acronyms_ambiguous", "prefixes",
+                 "conjunctions", "first_name_titles", "bound_first_names", "non_first_name_prefixes"):
+        words.update(str(word).lower() for word in getattr(CONSTANTS, kind, ()))
+    return frozenset(words)
+
+
+def _name_parts(name: str) -> tuple[str, str]:
+    """(first and middle names, last name) as nameparser splits them."""
+    if _PLAIN_PERSON.fullmatch(name):
+        words = name.split(" ")
+        if not any(word.rstrip(".").lower() in _nameparser_words() for word in words):
+            return " ".join(words[:-1]), words[-1]
+    parsed = HumanName(name)
+    return f"{parsed.first} {parsed.middle}", parsed.last
+
+
+@lru_cache(maxsize=200_000)
+def parse_person(name: str) -> PersonName | None:
+    given_text, last = _name_parts(name)
+    last = fold(last)
+    # 'R.J.M.' -> r, j, m and 'Jen-Hsun' -> jen, hsun: initials and parts align token by token.
+    given = tuple(fold(t) for t in re.split(r"[\s.\-]+", given_text) if fold(t))
+    if not last or not given:
+        return None
+    return PersonName(given=given, last=last)
+
+
+@lru_cache(maxsize=65536)
+def _initials_of(token: str) -> frozenset[str]:
+    """First letters a given name can be abbreviated to: its own, and its formal names' ('Bob' -> b, r)."""
+    return frozenset({token[0]} | {name[0] for name in _nicknamer().canonicals_of(token) if name})
+
+
+def _given_token_match(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if len(a) == 1 or len(b) == 1:
+        initial, full = (a, b) if len(a) == 1 else (b, a)
+        return initial in _initials_of(full)
+    if min(len(a), len(b)) >= 3 and (a.startswith(b) or b.startswith(a)):
+        return True
+    return _nickname_match(a, b)
+
+
+def people_match(a: PersonName, b: PersonName) -> bool:
+    """Same surname, and the given names align token by token (the shorter may stop early)."""
+    if a.last != b.last:
+        return False
+    return all(_given_token_match(x, y) for x, y in zip(a.given, b.given))
+
+
+# --- organisations and offices ---------------------------------------------------------------
+
+
+def _acronym(key: str) -> str:
+    return "".join(word[0] for word in key.split() if word)
+
+
+def _digits(text: str) -> tuple[str, ...]:
+    return tuple(sorted(re.findall(r"\d+", text)))
+
+
+@lru_cache(maxsize=65536)
+def office_key(name: str) -> str:
+    """'CFO of Intel Corp.' and 'Chief Financial Officer of Intel Corporation' -> 'cfo@intc'."""
+    role, separator, organization = name.rpartition(" of ")
+    if not separator:
+        return fold(name)
+    company = company_for_name(organization)
+    return f"{_role_key(role)}@{company.ticker.lower() if company else organisation_key(organization)}"
+
+
+@lru_cache(maxsize=65536)
+def _role_key(role: str) -> str:
+    """'Interim Chief Executive Officer' -> 'ceo': an interim CEO holds the CEO office. Roles
+    repeat across organisations, so they are parsed once each."""
+    offices = parse_offices(role)
+    return fold(offices[0].role) if len(offices) == 1 else fold(role)
+
+
+@lru_cache(maxsize=1)
+def _company_names() -> tuple[re.Pattern, dict[str, str]]:
+    """Every registry name, alias and ticker as folded words, longest first."""
+    names: dict[str, str] = {}
+    for company in load_companies().values():
+        for name in (company.name, company.ticker, *company.aliases, organisation_key(company.name)):
+            if fold(name):
+                names.setdefault(fold(name), company.ticker.lower())
+    pattern = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return re.compile(rf"\b({pattern})\b"), names
+
+
+def _with_tickers(text: str) -> str:
+    pattern, names = _company_names()
+    return pattern.sub(lambda m: names[m[1]], fold(text))
+
+
+@lru_cache(maxsize=262144)
+def metric_key(name: str) -> str:
+    """'Intel Corporation revenue Q3 2016' = 'Intel revenue Q3 2016' = 'revenue Q3 2016 Intel'."""
+    return " ".join(sorted(_with_tickers(name).split()))
+
+
+_SCALE = {"thousand": 1e3, "k": 1e3, "million": 1e6, "mn": 1e6, "m": 1e6, "billion": 1e9, "bn": 1e9, "b": 1e9,
+          "trillion": 1e12, "tn": 1e12, "t": 1e12}
+_AMOUNT = re.compile(r"^(?P<dollar>\$|us\$|usd\s*)?\s*(?P<number>\d[\d,]*(?:\.\d+)?|\.\d+)\s*"
+                     r"(?P<scale>thousand|million|billion|trillion|mn|bn|tn|k|m|b|t)?\.?\s*"
+                     r"(?P<unit>%|percent|per cent|dollars|usd)?$", re.IGNORECASE)
+
+
+@lru_cache(maxsize=262144)
+def numeric_key(name: str) -> str:
+    """'$15.8B' = '$15.8 billion' = '15.8 billion dollars'; '10%' = '10 percent'; else the folded text."""
+    match = _AMOUNT.match(name.strip())
+    if not match:
+        return fold(name)
+    value = float(match["number"].replace(",", "")) * _SCALE.get((match["scale"] or "").lower(), 1.0)
+    unit = (match["unit"] or "").lower()
+    kind = "usd" if match["dollar"] or unit in {"dollars", "usd"} else "pct" if unit in {"%", "percent", "per cent"} else "num"
+    return f"{kind}:{value:.6g}"
+
+
+# --- folds and typed keys for many names at once ---------------------------------------------
+# Metrics and amounts are most of the distinct names (13k of 16k in 100k synthetic mentions),
+# and their keys cost ~10 us a name in Python. For names in printable ASCII (where Python's
+# and polars' lower-casing, \w, \s and \d agree) folds and these keys are computed in polars;
+# other names take the one-name functions. tests/test_resolution.py checks the two agree.
+_PRINTABLE_ASCII = r"^[\x20-\x7e]*$"
+_ASCII_FOLD = pl.col("name").str.to_lowercase().str.replace_all(r"[^a-z0-9_ ]", " ").str.replace_all(" +", " ").str.strip_chars(" ")
+
+
+def _batch(names: list[str], expression: pl.Expr, one: Callable[[str], str], finish: Callable[[Any], str | None] | None = None) -> list[str]:
+    """`expression` over the printable-ASCII names, then `finish` on each value; `one` for the
+    other names and wherever a value is null."""
+    frame = pl.DataFrame({"name": names}, schema={"name": pl.String})
+    computed = frame.select(pl.when(pl.col("name").str.contains(_PRINTABLE_ASCII)).then(expression))[:, 0].to_list()
+    if finish is not None:
+        computed = [finish(value) if value is not None else None for value in computed]
+    return [key if key is not None else one(name) for key, name in zip(computed, names)]
+
+
+def metric_keys(names: list[str]) -> list[str]:
+    """`metric_key` of each name."""
+    _, tickers = _company_names()
+    ordered = sorted(tickers, key=len, reverse=True)  # the regex's order: longest name first
+    # One space around every word, so ' intel ' matches a whole word even right after another.
+    spaced = pl.lit(" ") + _ASCII_FOLD.str.replace_all(" ", "  ") + pl.lit(" ")
+    replaced = spaced.str.replace_many([f" {'  '.join(n.split())} " for n in ordered], [f" {tickers[n]} " for n in ordered], leftmost=True)
+    words = replaced.str.replace_all(" +", " ").str.strip_chars(" ").str.split(" ")
+    return _batch(names, words.list.sort().list.join(" "), metric_key)
+
+
+def numeric_keys(names: list[str]) -> list[str]:
+    """`numeric_key` of each name."""
+    parts = pl.col("name").str.strip_chars().str.extract_groups(f"(?i){_AMOUNT.pattern}")
+    unit = parts.struct.field("unit").str.to_lowercase().fill_null("")
+    scale = parts.struct.field("scale").str.to_lowercase().replace_strict(_SCALE, default=1.0, return_dtype=pl.Float64).fill_null(1.0)
+    amount = pl.struct(
+        (parts.struct.field("number").str.replace_all(",", "").cast(pl.Float64) * scale).alias("value"),
+        pl.when((parts.struct.field("dollar").fill_null("") != "") | unit.is_in(["dollars", "usd"])).then(pl.lit("usd"))
+        .when(unit.is_in(["%", "percent", "per cent"])).then(pl.lit("pct")).otherwise(pl.lit("num")).alias("kind"),
+    )
+    return _batch(names, amount, numeric_key,
+                  finish=lambda a: f"{a['kind']}:{a['value']:.6g}" if a["value"] is not None else None)
+
+
+def folds(names: list[str]) -> list[str]:
+    """`fold` of each name."""
+    return _batch(names, _ASCII_FOLD, fold)
+
+
+def typed_keys(types: list[str], names: list[str], folded: list[str]) -> list[str]:
+    """`_alias_key` of each (type, name), given their folds; metrics and amounts computed together."""
+    batched = {METRIC: metric_keys, NUMERIC: numeric_keys}
+    keys = [_KEY_OF[t](n) if t in _KEY_OF and t not in batched else f for t, n, f in zip(types, names, folded)]
+    for entity_type, batch in batched.items():
+        positions = [i for i, t in enumerate(types) if t == entity_type]
+        for position, key in zip(positions, batch([names[i] for i in positions])):
+            keys[position] = key
+    return keys
+
+
+@lru_cache(maxsize=262144)
+def product_key(name: str) -> str:
+    """'Intel Xeon' and 'Xeon': the maker's name in front does not make another product."""
+    pattern, _ = _company_names()
+    stripped = " ".join(pattern.sub(" ", fold(name)).split())
+    return stripped or fold(name)
+
+
+def registry_id(company: Company) -> str:
+    return f"cmp_{company.ticker}"
+
+
+# --- name groups -----------------------------------------------------------------------------
+
+
+@dataclass
+class NameGroups:
+    """Every distinct (type, name) of the mentions, sorted by type then name, as columns: the
+    unit clustering works on. `rows` maps each mention with a name to its group.
+
+    Description sets and embeddings are read only for the groups that need them (`evidence`):
+    they only ever settle organisation names whose spellings extend each other, a few dozen
+    in 100k mentions.
+    """
+
+    types: list[str]
+    names: list[str]
+    folded: list[str]  # fold(name)
+    counts: list[int]
+    descriptions: list[str | None]  # the first non-empty description, in mention order
+    keys: list[str]  # the typed key (see _alias_key)
+    seen: pl.DataFrame  # first_seen, last_seen per group
+    rows: pl.DataFrame  # row, entity_id, group
+    mentions: pa.Table
+    organisation_width: int  # the longest organisation embedding: shorter ones are left out
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def evidence(self, wanted: Iterable[int]) -> dict[int, tuple[frozenset[str], np.ndarray | None]]:
+        """For each wanted group: the distinct descriptions of its mentions, and their mean unit
+        embedding (None without embeddings), all read in one pass."""
+        wanted = sorted(set(wanted))
+        picked = self.rows.filter(pl.col("group").is_in(wanted)).sort("group", maintain_order=True)
+        taken = take_rows(self.mentions.select(["description", "embedding"]), picked["row"].to_numpy())
+        owners = picked["group"].to_numpy()
+        descriptions: dict[int, set[str]] = {group: set() for group in wanted}
+        for group, description in zip(owners.tolist(), taken.column("description").to_pylist()):
+            if description:
+                descriptions[group].add(description)
+        vectors: dict[int, np.ndarray] = {}
+        matrix, present = embedding_matrix(taken.column("embedding"))
+        if len(matrix) and matrix.shape[1] == self.organisation_width:
+            owners = owners[present]
+            starts = run_starts(owners)
+            totals = np.add.reduceat(matrix, starts, axis=0)
+            for group, total in zip(owners[starts].tolist(), totals):
+                norm = np.linalg.norm(total)
+                vectors[group] = total / norm if norm else total
+        return {group: (frozenset(descriptions[group]), vectors.get(group)) for group in wanted}
+
+
+def _group_mentions(mentions: pa.Table) -> NameGroups:
+    """Mentions by (type, exact name), whitespace collapsed; mentions without a name are left out."""
+    frame = (
+        pl.from_arrow(mentions.select(["entity_id", "name", "type", "description", "seen_at"]))
+        .with_row_index("row")
+        .with_columns(pl.col("name").str.replace_all(" {2,}", " ").str.strip_chars(" "), pl.col("type").fill_null("Other"))
+        .filter(pl.col("name").str.len_chars() > 0)
+    )
+    described = pl.col("description").filter(pl.col("description").is_not_null() & (pl.col("description") != ""))
+    grouped = (
+        frame.group_by(["type", "name"])
+        .agg(pl.len().alias("count"), described.first().alias("description"),
+             pl.col("seen_at").min().alias("first_seen"), pl.col("seen_at").max().alias("last_seen"))
+        .sort(["type", "name"])
+        .with_row_index("group")
+    )
+    rows = frame.select(["row", "entity_id", "type", "name"]).join(
+        grouped.select(["type", "name", "group"]), on=["type", "name"], how="left", maintain_order="left")
+    types, names = grouped["type"].to_list(), grouped["name"].to_list()
+    folded = folds(names)
+    lengths = pc.fill_null(pc.list_value_length(mentions.column("embedding")), 0).to_numpy(zero_copy_only=False)
+    organisation_rows = frame.filter(pl.col("type") == ORGANIZATION)["row"].to_numpy()
+    return NameGroups(
+        types=types, names=names, folded=folded, counts=grouped["count"].to_list(), descriptions=grouped["description"].to_list(),
+        keys=typed_keys(types, names, folded),
+        seen=grouped.select(["first_seen", "last_seen"]), rows=rows.select(["row", "entity_id", "group"]), mentions=mentions,
+        organisation_width=int(lengths[organisation_rows].max()) if len(organisation_rows) else 0,
+    )
+
+
+# --- clustering ------------------------------------------------------------------------------
+
+
+class _UnionFind:
+    def __init__(self, size: int) -> None:
+        self.parent = list(range(size))
+
+    def find(self, item: int) -> int:
+        while self.parent[item] != item:
+            self.parent[item] = self.parent[self.parent[item]]
+            item = self.parent[item]
+        return item
+
+    def union(self, a: int, b: int) -> None:
+        root_a, root_b = self.find(a), self.find(b)
+        if root_a != root_b:
+            self.parent[max(root_a, root_b)] = min(root_a, root_b)
+
+    def labels(self) -> np.ndarray:
+        """Each item's root: items of one set share a label."""
+        return np.array([self.find(item) for item in range(len(self.parent))], dtype=np.int64)
+
+
+def _cluster_people(names: list[str], counts: list[int]) -> list[list[int]]:
+    """Anchor clustering within surname blocks: the most complete names found clusters, and a
+    name joins the first cluster all of whose members it matches."""
+    parsed = [parse_person(name) for name in names]
+    blocks: dict[str, list[int]] = defaultdict(list)
+    clusters: list[list[int]] = []
+    for index, person in enumerate(parsed):
+        if person is None:
+            clusters.append([index])  # a single word is not a person's full name: leave it alone
+        else:
+            blocks[person.last].append(index)
+    for members in blocks.values():
+        members.sort(key=lambda i: (-parsed[i].informativeness[0], -parsed[i].informativeness[1], -counts[i], names[i]))
+        block_clusters: list[list[int]] = []
+        for index in members:
+            for cluster in block_clusters:
+                if all(people_match(parsed[index], parsed[other]) for other in cluster):
+                    cluster.append(index)
+                    break
+            else:
+                block_clusters.append([index])
+        clusters.extend(block_clusters)
+    return clusters
+
+
+def _extends(short: str, long: str) -> bool:
+    """'micron' extended by generic words only: 'micron technology'."""
+    short_words, long_words = short.split(), long.split()
+    return long_words[: len(short_words)] == short_words and all(w in GENERIC_ORG_WORDS for w in long_words[len(short_words):])
+
+
+def _cluster_fuzzy(keys: list[str], agree: Callable[[list[tuple[int, int]]], list[bool]] | None = None) -> np.ndarray:
+    """The cluster label of each key: fuzzy clustering within blocks (first key token, and acronym for organisations),
+    scored with rapidfuzz.process.cdist on all cores rather than pair loops in Python.
+
+    `agree` is given for organisations only: it turns on acronym matching and settles names
+    that extend each other ('Micron' / 'Micron Memory') on their descriptions."""
+    organisations = agree is not None
+    finder = _UnionFind(len(keys))
+    # Exact keys first: 'Intel Corp.' and 'Intel Corporation' share the key 'intel'.
+    by_key: dict[str, int] = {}
+    for index, key in enumerate(keys):
+        if key in by_key:
+            finder.union(by_key[key], index)
+        else:
+            by_key[key] = index
+    blocks: dict[str, list[int]] = defaultdict(list)
+    undecided: list[tuple[int, int]] = []  # extensions for `agree` to settle, all at once
+    for key, index in by_key.items():
+        words = key.split()
+        if words:
+            blocks[words[0][:4]].append(index)
+        if organisations and len(words) > 1:
+            blocks[f"acronym:{_acronym(key)}"].append(index)
+        if organisations and len(words) == 1:
+            blocks[f"acronym:{key}"].append(index)
+    for block, members in blocks.items():
+        if len(members) < 2:
+            continue
+        names = [keys[i] for i in members]
+        if block.startswith("acronym:"):
+            for a in range(len(members)):
+                for b in range(a + 1, len(members)):
+                    one, other = names[a], names[b]
+                    single, multi = (one, other) if len(one.split()) == 1 else (other, one)
+                    if len(single.split()) == 1 and len(multi.split()) > 1 and len(single) >= 2 and single == _acronym(multi):
+                        finder.union(members[a], members[b])
+            continue
+        workers = -1 if len(names) > 256 else 1  # threads cost more than they save on small blocks
+        ratio = process.cdist(names, names, scorer=fuzz.ratio, workers=workers, score_cutoff=EXTENSION_THRESHOLD - 30)
+        partial = process.cdist(names, names, scorer=fuzz.partial_ratio, workers=workers, score_cutoff=EXTENSION_THRESHOLD)
+        for a, b in zip(*np.nonzero(np.triu(np.maximum(ratio, partial), k=1))):
+            one, other = names[a], names[b]
+            if _digits(one) != _digits(other):
+                continue  # 'revenue q3 2016' is not 'revenue q4 2016'
+            if ratio[a, b] >= FUZZY_THRESHOLD:
+                finder.union(members[a], members[b])
+            elif organisations and partial[a, b] >= EXTENSION_THRESHOLD:
+                short, long = sorted((one, other), key=len)
+                if _extends(short, long):
+                    finder.union(members[a], members[b])
+                else:
+                    undecided.append((members[a], members[b]))
+    if undecided:
+        for (a, b), agreed in zip(undecided, agree(undecided)):
+            if agreed:
+                finder.union(a, b)
+    return finder.labels()
+
+
+def _descriptions_agree(groups: NameGroups, pairs: list[tuple[int, int]], offset: int = 0) -> list[bool]:
+    """Description embeddings settle names that extend each other ('Micron' / 'Micron Memory'),
+    unless both descriptions are the same boilerplate (then they say nothing). `pairs` index
+    groups from `offset`."""
+    pairs = [(offset + a, offset + b) for a, b in pairs]
+    evidence = groups.evidence(group for pair in pairs for group in pair)
+
+    def agree(a: int, b: int) -> bool:
+        (descriptions_a, vector_a), (descriptions_b, vector_b) = evidence[a], evidence[b]
+        if vector_a is None or vector_b is None or descriptions_a == descriptions_b:
+            return False
+        return float(np.dot(vector_a, vector_b)) >= DESCRIPTION_COSINE
+
+    return [agree(a, b) for a, b in pairs]
+
+
+def _representatives(groups: NameGroups, labels: np.ndarray) -> np.ndarray:
+    """The representative group of each cluster (indexed by cluster number). For people it is
+    the most complete spelling ('Robert H. Swan' over 'Bob Swan'), then the most frequent. For
+    other types it is the medoid: the member with the highest summed similarity to the others,
+    weighted by mentions. Ties go to the more frequent, then the longer, then the later name.
+
+    In a two-member cluster the sums are 100*w1 + r*w2 and r*w1 + 100*w2: the more frequent
+    name wins, or they tie, so only clusters of three or more are scored."""
+    size = len(labels)
+    if not size:
+        return labels
+    cluster_sizes = np.bincount(labels)[labels]
+    person = np.array([t == PERSON for t in groups.types], dtype=bool)
+    # Sort keys, most significant first. People: full given-name tokens, given-name tokens.
+    # Other types: the medoid total (0 in clusters of one or two). Then, for all: mentions, the
+    # folded length (0 for people), and the name (within a type, group order is name order).
+    primary, secondary = np.zeros(size), np.zeros(size)
+    for group in np.flatnonzero(person & (cluster_sizes > 1)).tolist():
+        parsed = parse_person(groups.names[group])
+        if parsed:
+            tokens, full_tokens = parsed.informativeness
+            primary[group], secondary[group] = full_tokens, tokens
+    scored = np.flatnonzero(~person & (cluster_sizes >= 3))
+    if len(scored):
+        primary += _medoid_totals(groups, labels, scored)
+    length = np.where(person, 0, np.array([len(f) for f in groups.folded], dtype=np.int64))
+    order = np.lexsort((np.arange(size), length, np.asarray(groups.counts), secondary, primary, labels))
+    return order[np.r_[run_starts(labels[order])[1:], size] - 1]  # the last (largest) of each cluster
+
+
+def _medoid_totals(groups: NameGroups, labels: np.ndarray, scored: np.ndarray) -> np.ndarray:
+    """For each scored group, its summed similarity (fuzz.ratio of folded names) to every member
+    of its cluster, itself included, weighted by their mention counts; 0 for other groups.
+
+    All pairs of all clusters are scored in one `cpdist` call. Each product of a float32 score
+    and a count is exact in float64, and so are these short sums, so the totals do not depend
+    on the order they are added in."""
+    members = scored[np.argsort(labels[scored], kind="stable")]  # cluster by cluster
+    starts = run_starts(labels[members])
+    lengths = np.diff(np.r_[starts, len(members)])
+    left, right = [], []
+    for length in np.unique(lengths).tolist():  # clusters of one size at a time: a matrix of members
+        matrix = members[starts[lengths == length][:, None] + np.arange(length)]
+        a, b = np.triu_indices(length)  # every pair, and each name with itself
+        left.append(matrix[:, a].ravel())
+        right.append(matrix[:, b].ravel())
+    left_index, right_index = np.concatenate(left), np.concatenate(right)
+    folded = groups.folded
+    scores = process.cpdist([folded[g] for g in left_index.tolist()], [folded[g] for g in right_index.tolist()],
+                            scorer=fuzz.ratio, workers=-1).astype(np.float64)
+    weights = np.asarray(groups.counts, dtype=np.float64)
+    totals = np.bincount(left_index, scores * weights[right_index], minlength=len(labels))
+    off_diagonal = left_index != right_index
+    totals += np.bincount(right_index[off_diagonal], (scores * weights[left_index])[off_diagonal], minlength=len(labels))
+    return totals
+
+
+def cluster_groups(groups: NameGroups) -> np.ndarray:
+    """The cluster number of each group: groups that denote the same entity share one. Types
+    are clustered separately, and numbers follow the (type, first name) order of clusters."""
+    labels = np.zeros(len(groups), dtype=np.int64)
+    start = offset = 0
+    for entity_type, run in groupby(groups.types):
+        stop = start + sum(1 for _ in run)
+        names, keys = groups.names[start:stop], groups.keys[start:stop]
+        if entity_type == PERSON:
+            local = _labels_of(_cluster_people(names, groups.counts[start:stop]), stop - start)
+        elif entity_type in EXACT_TYPES:
+            codes: dict[str, int] = {}
+            local = np.array([codes.setdefault(key, len(codes)) for key in keys], dtype=np.int64)
+        elif entity_type == ORGANIZATION:
+            local = _cluster_fuzzy(keys, agree=partial(_descriptions_agree, groups, offset=start))
+        else:
+            local = _cluster_fuzzy(keys)
+        labels[start:stop] = local + offset
+        offset += int(local.max()) + 1
+        start = stop
+    return _renumbered(labels)
+
+
+def _labels_of(clusters: list[list[int]], size: int) -> np.ndarray:
+    labels = np.empty(size, dtype=np.int64)
+    for number, members in enumerate(clusters):
+        labels[members] = number
+    return labels
+
+
+def _renumbered(labels: np.ndarray) -> np.ndarray:
+    """Cluster numbers 0, 1, ... in the order of each cluster's first group."""
+    if not len(labels):
+        return labels
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[inverse.ravel()]
+
+
+def _new_id(entity_type: str, folded_name: str) -> str:
+    """The id of a new canonical: a hash of its type and folded name."""
+    return "ent_" + hashlib.sha256(f"{entity_type}\x1f{folded_name}".encode()).hexdigest()[:16]
+
+
+# --- the resolver ----------------------------------------------------------------------------
+
+
+@dataclass
+class Resolution:
+    canonical_entities: pa.Table
+    mapping: pa.Table
+    counts: Counter
+    path: Path | None = None
+    stamp: Any = None  # the tkg.core.versions.Stamp the tables were written with
+
+
+def _registry_canonicals() -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], str]]:
+    """The configured companies as canonicals, and each of their aliases' (type, key)."""
+    known_alias: dict[tuple[str, str], str] = {}
+    registry: dict[str, dict[str, Any]] = {}
+    for company in load_companies().values():
+        canonical_id = registry_id(company)
+        registry[canonical_id] = {"canonical_id": canonical_id, "name": company.name, "type": ORGANIZATION,
+                                  "description": f"{company.name} ({company.ticker})", "first_seen": None, "source": "registry",
+                                  "aliases": sorted({company.name, company.ticker, *company.aliases})}
+        for alias in (company.name, company.ticker, *company.aliases):
+            known_alias[(ORGANIZATION, organisation_key(alias))] = canonical_id
+    return registry, known_alias
+
+
+def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Resolution:
+    """Resolve all mentions.
+
+    Every live canonical (its id, name, description and aliases) is a function of the mentions
+    and the company registry alone, so the same mentions give the same entities however and in
+    whatever order they were built. A cluster's id hashes its earliest-seen name, which later
+    calls do not change, so ids stay stable as partitions arrive. `previous` (the last
+    registry) only contributes the ids it issued that no longer name a live entity: they are
+    kept, with `merged_into` pointing at the entity that now holds their names."""
+    counts: Counter = Counter()
+    groups = _group_mentions(mentions)
+    registry, known_alias = _registry_canonicals()
+    known = [known_alias.get(pair) for pair in zip(groups.types, groups.keys)]
+    cluster_of = _join_registry_clusters(cluster_groups(groups), known, registry)  # group -> its cluster's number
+    names, types = groups.names, groups.types
+    representatives = _representatives(groups, cluster_of).tolist()
+
+    ids, canonical_names, methods = _assign_canonicals(groups, cluster_of, representatives, known, registry, counts)
+    counts.update(f"clusters_{method}" for method in methods)
+    columns = {
+        "canonical_id": ids, "name": canonical_names, "type": [types[r] for r in representatives],
+        "description": [(registry.get(cid) or {}).get("description") or groups.descriptions[r] or "" for cid, r in zip(ids, representatives)],
+        "source": ["registry" if method == "registry" else "mentions" for method in methods],
+    }
+    known_aliases = [(number, alias) for number, cid in enumerate(ids) if cid in registry for alias in registry[cid]["aliases"]]
+    live = _cluster_table(columns, groups, cluster_of, known_aliases)
+    # Configured companies are entities even before a call mentions them (their names resolve).
+    unmentioned = [{**row, "mention_count": 0, "merged_into": None} for cid, row in sorted(registry.items()) if cid not in set(ids)]
+    live = pa.concat_tables([live, tables.to_table(unmentioned, tables.CANONICAL_ENTITIES)])
+    retired = _retired(previous, live, registry)
+    canonical_entities = pa.concat_tables([live, retired])
+    counts["canonical_entities"] = live.num_rows
+    counts["retired_ids_kept"] = retired.num_rows
+
+    # Each mention gets its cluster's canonical; the method says whether its name is the canonical name.
+    canonical = pl.Series("canonical_id", ids, dtype=pl.String).gather(cluster_of)
+    method = pl.Series("method", methods, dtype=pl.String).gather(cluster_of)
+    is_alias = pl.Series(names, dtype=pl.String).ne_missing(pl.Series(canonical_names, dtype=pl.String).gather(cluster_of))
+    method = pl.select(pl.when(is_alias).then(method + ":alias").otherwise(method)).to_series().alias("method")
+    group = groups.rows["group"]
+    mapped = pl.DataFrame([groups.rows["entity_id"], canonical.gather(group), method.gather(group),
+                           pl.Series("score", [None] * len(group), dtype=pl.Float64)])
+    counts["mentions"] = mapped.height
+    return Resolution(
+        canonical_entities=canonical_entities.sort_by("canonical_id"),
+        # by entity id (then canonical and method, so even a repeated id does not depend on row order)
+        mapping=mapped.sort(["entity_id", "canonical_id", "method"], nulls_last=True).to_arrow().cast(tables.ENTITY_RESOLUTION),
+        counts=counts,
+    )
+
+
+def _retired(previous: pa.Table | None, live: pa.Table, registry: dict[str, dict[str, Any]]) -> pa.Table:
+    """Ids the previous registry issued that no longer name a live entity, never deleted: with
+    no mentions now, and `merged_into` the live entity that holds one of their names."""
+    if previous is None or not previous.num_rows:
+        return tables.CANONICAL_ENTITIES.empty_table()
+    live_ids = set(live.column("canonical_id").to_pylist())
+    holder: dict[tuple[str, str], str] = {}
+    for row in live.select(["canonical_id", "type", "aliases"]).to_pylist():
+        for alias in row["aliases"] or ():
+            holder.setdefault((row["type"], _alias_key(row["type"], alias)), row["canonical_id"])
+    kept = []
+    for row in previous.to_pylist():
+        if row["canonical_id"] in live_ids or row["canonical_id"] in registry:
+            continue
+        row = {column: row.get(column) for column in tables.CANONICAL_ENTITIES.names}
+        if not row["merged_into"] or row["merged_into"] not in live_ids:
+            names = [row["name"], *(row["aliases"] or ())]
+            row["merged_into"] = next((holder[(row["type"], _alias_key(row["type"], name))] for name in names
+                                       if name and (row["type"], _alias_key(row["type"], name)) in holder), None)
+        row["mention_count"] = 0
+        kept.append(row)
+    return tables.to_table(sorted(kept, key=lambda r: r["canonical_id"]), tables.CANONICAL_ENTITIES)
+
+
+def _assign_canonicals(groups: NameGroups, cluster_of: np.ndarray, representatives: list[int], known: list[str | None],
+                       registry: dict[str, dict[str, Any]], counts: Counter) -> tuple[list[str], list[str], list[str]]:
+    """Each cluster's canonical id, name and method, in cluster order.
+
+    A cluster holding a configured company's name is that company (its registry id and legal
+    name). Any other cluster is named by its representative and keyed by its earliest-seen
+    name (ties by name): later calls never change that name, so the id stays put as
+    partitions arrive. A cluster reaching an id an earlier cluster took is split off."""
+    names, types = groups.names, groups.types
+    first_seen = groups.seen["first_seen"].to_list()
+    earliest: dict[int, int] = {}
+    for group, number in enumerate(cluster_of.tolist()):
+        best = earliest.get(number)
+        if best is None or _seen_order(first_seen[group], names[group]) < _seen_order(first_seen[best], names[best]):
+            earliest[number] = group
+    ids = [_new_id(types[r], groups.folded[earliest[number]]) for number, r in enumerate(representatives)]
+    canonical_names = [names[r] for r in representatives]
+    methods = ["cluster"] * len(representatives)
+    companies: dict[int, set[str]] = defaultdict(set)
+    for group, canonical_id in enumerate(known):
+        if canonical_id:
+            companies[int(cluster_of[group])].add(canonical_id)
+    for number, found in companies.items():
+        if len(found) > 1:
+            counts["registry_companies_in_one_cluster"] += 1  # never merge two configured companies
+        canonical_id = min(found)
+        ids[number], canonical_names[number], methods[number] = canonical_id, registry[canonical_id]["name"], "registry"
+    taken: set[str] = set()
+    for number, canonical_id in enumerate(ids):
+        if canonical_id in taken:
+            counts["clusters_sharing_a_canonical"] += 1
+            r = representatives[number]
+            while canonical_id in taken:  # 'SU', 'Su' and 'su' stay apart but fold alike
+                canonical_id = _new_id(types[r], fold(names[r] + "#" + canonical_id))
+            ids[number], canonical_names[number], methods[number] = canonical_id, names[r], "split"
+        taken.add(canonical_id)
+    return ids, canonical_names, methods
+
+
+def _seen_order(seen: Any, name: str) -> tuple:
+    return (seen is None, seen.timestamp() if seen is not None else 0.0, name)
+
+
+def _cluster_table(columns: dict[str, list], groups: NameGroups, cluster_of: np.ndarray,
+                   known_aliases: list[tuple[int, str]]) -> pa.Table:
+    """The canonical rows of this run's clusters: mention counts, first and last seen, and the
+    sorted aliases (the cluster's names and those its canonical already had)."""
+    seen = (
+        groups.seen.with_columns(pl.Series("cluster", cluster_of), pl.Series("count", groups.counts, dtype=pl.Int64))
+        .group_by("cluster").agg(pl.col("count").sum().alias("mention_count"), pl.col("first_seen").min(), pl.col("last_seen").max())
+        .sort("cluster")
+    )
+    aliases = (
+        pl.concat([pl.DataFrame({"cluster": cluster_of, "alias": groups.names}, schema={"cluster": pl.Int64, "alias": pl.String}),
+                   pl.DataFrame(known_aliases, schema={"cluster": pl.Int64, "alias": pl.String}, orient="row")])
+        .unique().group_by("cluster").agg(pl.col("alias").sort().alias("aliases")).sort("cluster")
+    )
+    data = {**columns, "aliases": aliases["aliases"].to_arrow(), "merged_into": [None] * len(columns["canonical_id"])}
+    return pa.table({field.name: data[field.name] if field.name in data else seen[field.name].to_arrow()
+                     for field in tables.CANONICAL_ENTITIES}, schema=tables.CANONICAL_ENTITIES)
+
+
+def _join_registry_clusters(labels: np.ndarray, known: list[str | None], registry: dict) -> np.ndarray:
+    """Clusters that name the same configured company are one entity, whatever the fuzzy
+    matching made of them: 'INTC' and 'Intel Corporation' share no letters worth scoring."""
+    by_company: dict[str, set[int]] = defaultdict(set)
+    for group, canonical_id in enumerate(known):
+        if canonical_id and canonical_id in registry:
+            by_company[canonical_id].add(int(labels[group]))
+    if not by_company:
+        return labels
+    finder = _UnionFind(int(labels.max()) + 1)
+    for clusters in by_company.values():
+        first, *others = sorted(clusters)
+        for other in others:
+            finder.union(first, other)
+    return _renumbered(finder.labels()[labels])
+
+
+# The key two names of one type must share to be the same entity (or to match a known alias).
+_KEY_OF = {ORGANIZATION: organisation_key, ROLE: office_key, METRIC: metric_key, NUMERIC: numeric_key, PRODUCT: product_key}
+EXACT_TYPES = {ROLE, METRIC, NUMERIC}  # resolved by key equality alone, no fuzzy matching
+
+
+def _alias_key(entity_type: str, name: str) -> str:
+    return _KEY_OF.get(entity_type, fold)(name)

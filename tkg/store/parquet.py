@@ -1,0 +1,272 @@
+"""Parquet is the system of record: one file per (asset, company, quarter), replaced atomically.
+
+Partitioned steps never touch the DuckDB file, so partition runs can go fully parallel; global
+steps read the files through an in-memory DuckDB connection (no file lock either).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import secrets
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import date
+from pathlib import Path, PurePath, PurePosixPath
+
+import duckdb
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from tkg.core.versions import Stamp, read_stamp, read_stamp_from
+
+# Temporary files carry the host and process that write them, so a later run can tell the
+# leftovers of a killed writer from the files of a writer that is still at work.
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)-(?P<pid>\d+)\.[0-9a-f]{8}(?P<suffix>\.tmp|\.building)(?:\.wal)?$")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+
+
+def temporary_path(target: Path, suffix: str = ".tmp") -> Path:
+    """A unique temporary name beside `target`, for writing it and then swapping it in."""
+    return target.with_name(f".{target.name}.{_host()}-{os.getpid()}.{secrets.token_hex(4)}{suffix}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_orphaned_temporaries(root: Path) -> list[Path]:
+    """Delete the temporary files that writers on this host left behind when they were killed
+    (their process is gone); files of writers still running are left alone."""
+    removed = []
+    host = _host()
+    if not root.exists():
+        return removed
+    for path in root.rglob(".*"):
+        match = _TEMPORARY.match(path.name)
+        if match and match["host"] == host and not _alive(int(match["pid"])):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+@contextmanager
+def locked(path: Path, waiting: Callable[[str], None] | None = None) -> Iterator[None]:
+    """An exclusive lock on `path` (created if needed) for the duration of the block. When
+    another process holds it, `waiting` is told who (the pid it wrote) before blocking."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                handle.seek(0)
+                waiting(handle.read().strip() or "?")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def storage_uri(home: str | os.PathLike) -> str:
+    """Where the Parquet system of record lives: $TKG_STORAGE, else `<home>/parquet`."""
+    return os.environ.get("TKG_STORAGE") or str(Path(home).expanduser().resolve() / "parquet")
+
+
+def _s3_filesystem() -> pafs.S3FileSystem:
+    """pyarrow's S3 client with the standard AWS settings: credentials and region from the usual
+    variables and files, and AWS_ENDPOINT_URL for S3-compatible stores (MinIO, Ceph, R2, moto)."""
+    options = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        options.update(endpoint_override=host.rstrip("/") if host else endpoint, scheme=scheme if host else "https")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        options["region"] = region
+    return pafs.S3FileSystem(**options)
+
+
+def open_location(uri: str) -> tuple[pafs.FileSystem, str]:
+    """A filesystem and the path inside it for a folder URI: a local path, file://, or s3://."""
+    if uri.startswith("s3://"):
+        bucket_and_prefix = uri.removeprefix("s3://").strip("/")
+        if not bucket_and_prefix:
+            raise ValueError(f"{uri!r} names no bucket; use s3://bucket/prefix")
+        return _s3_filesystem(), bucket_and_prefix
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:", uri) and not uri.startswith("file://"):  # a scheme, not a folder
+        raise ValueError(f"unsupported storage URI {uri!r}: use a local folder or s3://bucket/prefix")
+    return pafs.LocalFileSystem(), str(Path(uri.removeprefix("file://")).expanduser().resolve())
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    """A glob over '/'-separated paths: `*` within one folder, `**/` across any number."""
+    parts = []
+    for token in re.split(r"(\*\*/|\*)", pattern):
+        parts.append("(?:[^/]+/)*" if token == "**/" else "[^/]*" if token == "*" else re.escape(token))
+    return re.compile("".join(parts) + r"\Z")
+
+
+class ParquetStore:
+    """Reads and writes the Parquet system of record: a local folder (`<home>/parquet`) or an
+    object store (TKG_STORAGE=s3://bucket/prefix).
+
+    Paths are in the store's filesystem: a `Path` for a local store, a bucket-relative
+    `PurePosixPath` for S3. Local writes go to a temporary file that is then renamed over the
+    target; an S3 PUT (or a completed multipart upload) replaces an object at once. Either way
+    a reader sees the old file or the new one, never half. `home` stays local: locks, caches
+    and the Dagster instance live there.
+    """
+
+    def __init__(self, home: str | os.PathLike, storage: str | None = None) -> None:
+        self.root = Path(home).expanduser().resolve()
+        self.uri = storage or storage_uri(self.root)
+        self.filesystem, base = open_location(self.uri)
+        self.is_local = isinstance(self.filesystem, pafs.LocalFileSystem)
+        self.parquet_root: PurePath = Path(base) if self.is_local else PurePosixPath(base)
+
+    def __repr__(self) -> str:
+        return f"ParquetStore({self.uri!r})"
+
+    def display(self, path: PurePath) -> str:
+        """`path` as a user would type it: a local path or an s3:// URI."""
+        return str(path) if self.is_local else f"s3://{path}"
+
+    def partition_path(self, asset: str, company: str, quarter: date | str) -> PurePath:
+        quarter_text = quarter.isoformat() if isinstance(quarter, date) else quarter
+        return self.parquet_root / asset / f"company={company}" / f"quarter={quarter_text}" / f"{asset}.parquet"
+
+    def global_path(self, asset: str, table: str | None = None) -> PurePath:
+        return self.parquet_root / asset / f"{table or asset}.parquet"
+
+    def usage_path(self, step: str, company: str | None = None, quarter: date | None = None) -> PurePath:
+        """Where one step's LLM accounting goes: per partition, or one file for a global step."""
+        folder = self.parquet_root / "llm_calls" / step
+        if company is not None and quarter is not None:
+            folder = folder / f"company={company}" / f"quarter={quarter.isoformat()}"
+        return folder / "llm_calls.parquet"
+
+    def files(self, pattern: str) -> list[PurePath]:
+        """The files under the Parquet root whose relative path matches `pattern` (a glob:
+        `*` within a folder, `**/` across folders), sorted."""
+        fixed = pattern.split("*", 1)[0].rpartition("/")[0]  # the folder before the first wildcard
+        base = self.parquet_root / fixed if fixed else self.parquet_root
+        selector = pafs.FileSelector(str(base), recursive=True, allow_not_found=True)
+        matcher = _glob_regex(pattern)
+        prefix = str(self.parquet_root) + "/"
+        found = []
+        for info in self.filesystem.get_file_info(selector):
+            relative = info.path.removeprefix(prefix)
+            if info.type == pafs.FileType.File and matcher.match(relative) and not relative.rsplit("/", 1)[-1].startswith("."):
+                found.append(type(self.parquet_root)(info.path))
+        return sorted(found)
+
+    def partition_files(self, asset: str) -> list[PurePath]:
+        """Every partition file of a partitioned asset."""
+        return self.files(f"{asset}/company=*/quarter=*/{asset}.parquet")
+
+    def is_file(self, path: PurePath) -> bool:
+        return self.filesystem.get_file_info(str(path)).type == pafs.FileType.File
+
+    def delete(self, path: PurePath) -> None:
+        """Remove a file; a file that is already gone is fine."""
+        try:
+            self.filesystem.delete_file(str(path))
+        except FileNotFoundError:
+            pass
+
+    def write(self, path: PurePath, table: pa.Table) -> PurePath:
+        """Write `table` to `path` atomically: a reader sees the old file or the new one, never half."""
+        if not self.is_local:
+            pq.write_table(table, str(path), filesystem=self.filesystem, compression="zstd")
+            return path
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = temporary_path(path)
+        try:
+            pq.write_table(table, temporary, compression="zstd")
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        return path
+
+    def read(self, path: PurePath) -> pa.Table:
+        return pq.read_table(str(path), filesystem=self.filesystem)
+
+    def stamp(self, path: PurePath) -> Stamp | None:
+        """The stamp of the file at `path` (None when absent or written without one)."""
+        if self.is_local:
+            return read_stamp(path)
+        try:
+            with self.filesystem.open_input_file(str(path)) as handle:
+                return read_stamp_from(handle)
+        except FileNotFoundError:
+            return None
+
+    def relation(self, connection: duckdb.DuckDBPyConnection, files: list[PurePath]) -> duckdb.DuckDBPyRelation:
+        """The files as one DuckDB relation, columns matched by name. A local store is scanned by
+        DuckDB itself; an object store is read through pyarrow (DuckDB's httpfs extension cannot be
+        assumed to be installed)."""
+        if self.is_local:
+            return connection.read_parquet([str(f) for f in files], union_by_name=True)
+        parts = [self.read(f) for f in files]
+        return connection.from_arrow(pa.concat_tables(parts, promote_options="permissive"))
+
+    def read_all(self, asset: str, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
+        """Every partition of `asset` as one table (empty, with `schema`, when nothing is written yet)."""
+        files = self.partition_files(asset)
+        if not files:
+            empty = schema.empty_table()
+            return empty.select(columns) if columns else empty
+        with duckdb.connect() as connection:
+            relation = self.relation(connection, files)
+            if columns:
+                relation = relation.select(*(duckdb.ColumnExpression(c) for c in columns))
+            return relation.to_arrow_table()
+
+
+def _object(uri: str) -> tuple[pafs.FileSystem, str]:
+    if not uri.startswith("s3://"):
+        raise ValueError(f"{uri!r} is not an object URI; give s3://bucket/key")
+    return open_location(uri)
+
+
+def upload(local_file: Path, uri: str) -> None:
+    """Copy a local file to an object (s3://bucket/key), replacing it: readers of the object see
+    the old file or the new one."""
+    filesystem, key = _object(uri)
+    pafs.copy_files(str(local_file), key, destination_filesystem=filesystem)
+
+
+def download(uri: str, local_file: Path) -> bool:
+    """Copy an object over a local file, atomically; False (and the file untouched) when the
+    object does not exist."""
+    filesystem, key = _object(uri)
+    if filesystem.get_file_info(key).type != pafs.FileType.File:
+        return False
+    local_file.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_path(local_file)
+    try:
+        pafs.copy_files(key, str(temporary), source_filesystem=filesystem)
+        os.replace(temporary, local_file)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return True

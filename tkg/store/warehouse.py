@@ -1,0 +1,297 @@
+"""Publish `tkg.duckdb`: a fresh database file swapped into place atomically.
+
+The Parquet files are copied into tables in a `raw` schema, and every `sql/*.sql` model (views
+and macros) is created on top, in dependency order. Copying rather than viewing the Parquet
+makes each published file a consistent snapshot: a user holding it open read-only keeps
+querying the old snapshot while the pipeline rewrites Parquet and publishes the next one, and
+the file can be moved or shared without the Parquet tree. The pipeline itself never holds a
+lock on `tkg.duckdb`; only the publish step (and a SQL model re-applying its SQL) writes, to
+a temporary copy, and swaps it in with `os.replace`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+import pyarrow as pa
+
+from tkg.core import tables
+from tkg.core.paths import sql_dir
+from tkg.core.versions import Stamp
+from tkg.store.parquet import ParquetStore, temporary_path
+
+
+@dataclass(frozen=True)
+class RawTable:
+    """A table of the `raw` schema and the Parquet it is loaded from."""
+
+    name: str
+    asset: str
+    schema: pa.Schema
+    file: str | None = None  # set for global assets (one file); partitioned assets glob
+    pattern: str | None = None  # a glob under the Parquet root, for tables written by several steps
+
+
+RAW_TABLES = (
+    RawTable("transcripts", "transcripts", tables.TRANSCRIPTS),
+    RawTable("chunks", "chunks", tables.CHUNKS),
+    RawTable("statements", "statements", tables.STATEMENTS),
+    RawTable("events", "temporal_events", tables.EVENTS),
+    RawTable("triplets", "triplets", tables.TRIPLETS),
+    RawTable("figures", "figures", tables.FIGURES),
+    RawTable("entities", "entities", tables.ENTITIES),
+    RawTable("canonical_entities", "canonical_entities", tables.CANONICAL_ENTITIES, "canonical_entities"),
+    RawTable("entity_resolution", "canonical_entities", tables.ENTITY_RESOLUTION, "entity_resolution"),
+    RawTable("event_invalidations", "invalidated_events", tables.EVENT_INVALIDATIONS, "event_invalidations"),
+    RawTable("invalidation_judgments", "invalidated_events", tables.INVALIDATION_JUDGMENTS, "invalidation_judgments"),
+    RawTable("figure_invalidations", "invalidated_events", tables.FIGURE_INVALIDATIONS, "figure_invalidations"),
+    RawTable("fact_relevance", "fact_relevance", tables.FACT_RELEVANCE, "fact_relevance"),
+    RawTable("llm_calls", "llm_calls", tables.LLM_CALLS, pattern="llm_calls/**/llm_calls.parquet"),
+)
+
+
+@dataclass(frozen=True)
+class SqlModel:
+    """One `sql/*.sql` file: a view or macro of the SQL surface, and an asset of its own."""
+
+    name: str
+    path: Path
+    sql: str
+    depends_on: tuple[str, ...]  # other models
+    upstream_assets: tuple[str, ...]  # pipeline assets whose tables it reads
+    description: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
+
+    @property
+    def kind(self) -> str:
+        """What the model creates: VIEW, TABLE or MACRO."""
+        found = re.search(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(VIEW|TABLE|MACRO)\b", self.sql, re.IGNORECASE)
+        return found[1].upper() if found else "VIEW"
+
+    @property
+    def is_macro(self) -> bool:
+        return self.kind == "MACRO"
+
+
+def load_models(directory: Path | None = None) -> list[SqlModel]:
+    """All SQL models, in dependency order.
+
+    Header comments declare lineage, as dbt's refs and sources do: `-- depends_on: a, b` names
+    other models, `-- upstream_assets: x, y` the pipeline assets whose tables the model reads,
+    and `-- description: ...` says what it holds.
+    """
+    directory = directory or sql_dir()
+
+    def header(text: str, key: str) -> tuple[str, ...]:
+        match = re.search(rf"^--\s*{key}:\s*(.*)$", text, re.MULTILINE)
+        return tuple(item.strip() for item in match[1].split(",") if item.strip()) if match else ()
+
+    models = {}
+    for path in sorted(directory.glob("*.sql")):
+        text = path.read_text()
+        description = re.search(r"^--\s*description:\s*(.*)$", text, re.MULTILINE)
+        models[path.stem] = SqlModel(
+            name=path.stem, path=path, sql=text, depends_on=header(text, "depends_on"),
+            upstream_assets=header(text, "upstream_assets"), description=description[1].strip() if description else "",
+        )
+    ordered: list[SqlModel] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in {m.name for m in ordered} or name not in models:
+            return
+        if name in visiting:
+            raise ValueError(f"sql/{name}.sql is part of a dependency cycle; check its '-- depends_on:' header")
+        visiting.add(name)
+        for dependency in models[name].depends_on:
+            visit(dependency)
+        visiting.discard(name)
+        ordered.append(models[name])
+
+    for name in models:
+        visit(name)
+    return ordered
+
+
+def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable) -> int:
+    if raw.pattern:
+        files = store.files(raw.pattern)
+    elif raw.file:
+        path = store.global_path(raw.asset, raw.file)
+        files = [path] if store.is_file(path) else []
+    else:
+        files = store.partition_files(raw.asset)
+    # The table has every column of today's schema, in its order: columns that files written by
+    # an older tkg lack are NULL there, and a view over the table never misses one.
+    empty = raw.schema.empty_table()  # noqa: F841 (read by name in the SQL below)
+    if files:
+        source = store.relation(connection, files)  # noqa: F841
+        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty UNION ALL BY NAME SELECT * FROM source")
+    else:
+        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty")
+    return connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchall()[0][0]
+
+
+def register_raw(connection: duckdb.DuckDBPyConnection, raw_tables: dict[str, pa.Table]) -> None:
+    """Expose in-memory Arrow tables as `raw.<name>` so the SQL models can run on them."""
+    connection.execute("CREATE SCHEMA IF NOT EXISTS raw")
+    for name, table in raw_tables.items():
+        connection.register(f"_arrow_{name}", table)
+        connection.execute(f"CREATE OR REPLACE VIEW raw.{name} AS SELECT * FROM _arrow_{name}")
+
+
+def model(name: str) -> SqlModel:
+    for candidate in load_models():
+        if candidate.name == name:
+            return candidate
+    raise KeyError(f"no SQL model sql/{name}.sql")
+
+
+def apply_model(connection: duckdb.DuckDBPyConnection, sql_model: SqlModel, record: bool = True) -> None:
+    if sql_model.kind != "MACRO":  # a model that became a table (or a view) replaces what it was
+        existing = connection.execute(
+            "SELECT table_type FROM information_schema.tables WHERE table_schema = 'main' AND table_name = ?",
+            [sql_model.name]).fetchone()
+        if existing and existing[0] != ("BASE TABLE" if sql_model.kind == "TABLE" else "VIEW"):
+            connection.execute(f'DROP {"VIEW" if existing[0] == "VIEW" else "TABLE"} main."{sql_model.name}"')
+    connection.execute(sql_model.sql)
+    if record:
+        connection.execute(
+            "INSERT OR REPLACE INTO raw.sql_models VALUES (?, ?, ?)", [sql_model.name, sql_model.sha256, sql_model.description]
+        )
+
+
+@dataclass
+class PublishResult:
+    path: Path
+    raw_rows: dict[str, int] = field(default_factory=dict)
+    models: list[str] = field(default_factory=list)
+    size_bytes: int = 0
+    stamp: Stamp | None = None
+
+
+def _swap_in(temporary: Path, target: Path) -> None:
+    os.replace(temporary, target)
+    wal = temporary.with_name(temporary.name + ".wal")
+    if wal.exists():
+        wal.unlink()
+
+
+# The oldest storage format DuckDB 1.x reads: the published file opens in any DuckDB 1.0+
+# client (the CLI, Python, R, DBeaver), not only in the release that wrote it.
+STORAGE_COMPATIBILITY = {"storage_compatibility_version": "v1.0.0"}
+
+
+def published_stamp(target: Path) -> Stamp | None:
+    """The stamp a published file was built with (None if absent or older than stamps)."""
+    if not Path(target).exists():
+        return None
+    try:
+        with duckdb.connect(str(target), read_only=True) as connection:
+            row = connection.execute("SELECT value FROM raw.build_info WHERE key = 'stamp'").fetchone()
+    except duckdb.Error:
+        return None
+    return Stamp.from_json(row[0]) if row else None
+
+
+def publish(store: ParquetStore, target: Path, models: list[SqlModel] | None = None, stamp: Stamp | None = None,
+            check: Callable[[duckdb.DuckDBPyConnection], None] | None = None, info: dict[str, str] | None = None) -> PublishResult:
+    """Build a fresh warehouse file from the Parquet tree and swap it onto `target`.
+
+    `info` adds rows to `raw.build_info` (e.g. `embedder`: what the statement vectors are, so a
+    query embeds questions in the same space).
+
+    `check` runs on the finished file before the swap; if it raises, the file is discarded and
+    `target` keeps its last good contents."""
+    target = Path(target).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    models = load_models() if models is None else models
+    temporary = temporary_path(target, ".building")
+    result = PublishResult(path=target, stamp=stamp)
+    try:
+        with duckdb.connect(str(temporary), config=STORAGE_COMPATIBILITY) as connection:
+            connection.execute("CREATE SCHEMA raw")
+            connection.execute("CREATE TABLE raw.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
+            if stamp is not None:
+                connection.execute("INSERT INTO raw.build_info VALUES ('stamp', ?)", [stamp.to_json()])
+            for key, value in (info or {}).items():
+                connection.execute("INSERT INTO raw.build_info VALUES (?, ?)", [key, value])
+            connection.execute("CREATE TABLE raw.sql_models (name VARCHAR PRIMARY KEY, sql_sha256 VARCHAR, description VARCHAR)")
+            for raw in RAW_TABLES:
+                result.raw_rows[raw.name] = _load_raw(connection, store, raw)
+            for model in models:
+                apply_model(connection, model)
+                result.models.append(model.name)
+            if check is not None:
+                check(connection)
+            connection.execute("CHECKPOINT")
+        _swap_in(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+        temporary.with_name(temporary.name + ".wal").unlink(missing_ok=True)
+    result.size_bytes = target.stat().st_size
+    return result
+
+
+def applied_sha256s(target: Path) -> dict[str, str]:
+    """The hash of the SQL a published file holds for each model."""
+    if not Path(target).exists():
+        return {}
+    with duckdb.connect(str(target), read_only=True) as connection:
+        return dict(connection.execute("SELECT name, sql_sha256 FROM raw.sql_models").fetchall())
+
+
+def applied_sha256(target: Path, model: SqlModel) -> str | None:
+    return applied_sha256s(target).get(model.name)
+
+
+def reapply_model(target: Path, model: SqlModel) -> None:
+    """Re-create one model in a copy of the published file and swap the copy in."""
+    target = Path(target).resolve()
+    temporary = temporary_path(target, ".building")
+    try:
+        shutil.copyfile(target, temporary)
+        with duckdb.connect(str(temporary)) as connection:
+            apply_model(connection, model)
+            connection.execute("CHECKPOINT")
+        _swap_in(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+        temporary.with_name(temporary.name + ".wal").unlink(missing_ok=True)
+
+
+@dataclass
+class ModelDescription:
+    row_count: int | None
+    columns: list[tuple[str, str]]
+
+
+def describe_models(target: Path, models: list[SqlModel]) -> dict[str, ModelDescription]:
+    """Row count and column schema of each published view (macros have neither), read over one connection."""
+    described = {}
+    with duckdb.connect(str(target), read_only=True) as connection:
+        for model in models:
+            if model.is_macro:
+                described[model.name] = ModelDescription(None, [])
+                continue
+            columns = connection.execute(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = 'main' AND table_name = ? ORDER BY ordinal_position", [model.name]
+            ).fetchall()
+            count = connection.execute(f'SELECT count(*) FROM main."{model.name}"').fetchone()[0] if columns else None
+            described[model.name] = ModelDescription(count, [(name, kind) for name, kind in columns])
+    return described
+
+
+def describe_model(target: Path, model: SqlModel) -> ModelDescription:
+    return describe_models(target, [model])[model.name]
