@@ -178,23 +178,21 @@ class InFlightSampler:
 
 
 class PhaseRecorder:
-    """Wraps tkg's stage functions to record (stage, partition, start, end) spans: every
-    partitioned stage (`tkg.build.stages.compute_stage`) and the global steps of `tkg.build.graph`."""
-
-    GLOBAL_STEPS = ("run_canonical_entities", "run_invalidation", "run_fact_relevance")
+    """Wraps tkg's stage runner to record (stage, partition, start, end) spans: every stage's
+    function (`tkg.build.stages.compute`: a partition's stage, or a global stage)."""
 
     def __init__(self) -> None:
-        from tkg.build import graph as build
         from tkg.build import stages
 
         self.spans: list[tuple[str, str, float, float]] = []
         self.t0 = time.perf_counter()
         self._lock = threading.Lock()
-        compute = stages.compute_stage
-        stages.compute_stage = self._wrap(lambda args: (args[0], f"{args[1][0]} {args[1][1]}"), compute)
-        for name in self.GLOBAL_STEPS:
-            original = getattr(build, name)
-            setattr(build, name, self._wrap(lambda args, name=name: (name.removeprefix("run_"), "global"), original))
+
+        def describe(args) -> tuple[str, str]:
+            stage, job = args[0], args[1]
+            return stage.name, f"{job.partition[0]} {job.partition[1]}" if job.partition else "global"
+
+        stages.compute = self._wrap(describe, stages.compute)
 
     def _wrap(self, describe, original):
         def timed(*args, **kwargs):
@@ -269,7 +267,7 @@ def _recording_judge(client, cache, sink: list):
 def _merge_stats(components) -> dict[str, dict]:
     merged: dict[str, dict] = {}
     for component in components:
-        for stage, stats in component._stats.items():
+        for stage, stats in component.all_stats().items():
             row = merged.setdefault(stage, {"requests": 0, "cache_hits": 0, "input_tokens": 0, "cached_input_tokens": 0,
                                             "output_tokens": 0, "retries": 0, "rate_limited": 0, "reasks": 0,
                                             "dropped": Counter(), "latencies_ms": []})
@@ -397,15 +395,16 @@ class Bench:
 
     def run_tkg(self, label: str, batch_size: int | None, cache_path: Path, repeat: int, faults: bool = False,
                 profile: bool = False, max_in_flight: int | None = None) -> dict:
+        from tkg.build import catalog
         from tkg.build.graph import build_graph
-        from tkg.build.stages import Components
+        from tkg.build.stages import Runtime
         from tkg.core import tables
-        from tkg.core.embeddings import WordLlamaEmbedder
         from tkg.llm.cache import ResponseCache
         from tkg.llm.client import LLMClient
         from tkg.llm.extractor import LLMExtractor, OpenAIEmbedder
         from tkg.llm.settings import LLMSettings
-        from tkg.store.parquet import ParquetStore
+        from tkg.providers import Providers, fingerprints
+        from tkg.settings import Settings
 
         settings = LLMSettings(base_url=self.provider.base_url)  # tkg's defaults, as a user gets them
         max_in_flight = max_in_flight or self.args.tkg_max_in_flight
@@ -414,20 +413,22 @@ class Bench:
         if batch_size is not None:
             settings = replace(settings, batch_size=batch_size)
         root = Path(tempfile.mkdtemp(prefix=f"{label}-r{repeat}-", dir=self.work))
-        store, cache = ParquetStore(root / "home"), ResponseCache(cache_path)
+        cache = ResponseCache(cache_path)
         client = LLMClient(settings, API_KEY)
+        resolved = Settings.resolve(home=root / "home", backend="openai", embeddings="openai").with_changes(llm=settings)
+        code_versions = catalog.code_versions(fingerprints(resolved))
         components: list = []
         lock = threading.Lock()
-
-        def make() -> Components:
-            # what tkg's Backend.components() builds for the openai backend, on the bench's client
-            made = Components(LLMExtractor(client, cache), OpenAIEmbedder(client, cache), WordLlamaEmbedder())
-            with lock:
-                components.extend(made.parts())
-            return made
-
         cases: list = []
         judge = _recording_judge(client, cache, cases)
+
+        def make() -> Runtime:
+            # what tkg's open_providers() makes for the openai backend, on the bench's client
+            made = Providers(LLMExtractor(client, cache), judge, OpenAIEmbedder(client, cache))
+            with lock:
+                components.extend([made.extractor, made.embedder])
+            return Runtime(resolved, made, code_versions, resolved.store())
+
         self._prepare_provider(faults)
         load = os.getloadavg()
         error = None
@@ -446,8 +447,8 @@ class Bench:
             self.phases.start()
             cpu0, server0, t0 = time.process_time(), self.provider.cpu_seconds(), time.perf_counter()
             try:
-                report = build_graph(store, self.source, self.partitions, make(), judge,
-                                     concurrent_partitions=len(self.partitions), make_components=make)
+                report = build_graph(make(), self.source, self.partitions, concurrent_partitions=len(self.partitions),
+                                     make_runtime=make)
             except Exception as exc:  # a crash is a result too
                 report, error = None, f"{type(exc).__name__}: {exc}"
                 log.exception("tkg run %s failed", label)
@@ -476,7 +477,7 @@ class Bench:
                   "llm_calls_table": llm_calls_total(root / "home")}
         lost_items = sum(dropped.get(r, 0) for r in (*LOST_REASONS, "chunk_without_usable_answer"))
         if self.reference is None and not faults and error is None and not lost_items:
-            chunks = store.read_all("statements", tables.STATEMENTS, ["chunk_id"]).column("chunk_id").to_pylist()
+            chunks = resolved.store().read_all("statements", tables.STATEMENTS, ["chunk_id"]).column("chunk_id").to_pylist()
             self.reference = {"statements": statements, "per_chunk": dict(Counter(chunks)), "from": f"{label} r{repeat}"}
             self.cases = cases
         reference = self.reference["statements"] if self.reference else statements
@@ -594,7 +595,8 @@ class Bench:
 
         from tkg.core.companies import get_company
         from tkg.core.models import RawStatement
-        from tkg.extract.base import DocumentContext, StageStats
+        from tkg.core.results import StageStats
+        from tkg.extract.base import DocumentContext
         from tkg.ingest.parsing import parse_transcript
         from tkg.llm.client import LLMClient
         from tkg.llm.settings import LLMSettings

@@ -177,7 +177,7 @@ def evaluate_resolution(mentions: synthetic.Mentions, predicted_ids: list[str], 
 def retire(pairs: list[tuple[str, str]], views) -> dict[str, tuple[datetime, str]]:
     """tkg.invalidate.invalidation.invalidate()'s verdict application (RuleJudge, earliest retirement wins,
     a finished event's end only moves earlier), run on any list of (primary, secondary) pairs."""
-    from tkg.invalidate.invalidation import JudgeCase, RuleJudge
+    from tkg.invalidate.judges import JudgeCase, RuleJudge
 
     by_primary: dict[str, list[str]] = defaultdict(list)
     for primary, secondary in pairs:
@@ -454,7 +454,7 @@ def _worker_candidates(directory: Path, repeat: int, long_run: float, memory_cap
     if memory_cap_gb > 0:
         cap = int(memory_cap_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    from tkg.invalidate.invalidation import select_candidates
+    from tkg.invalidate.candidates import select_candidates
 
     facts, links = pq.read_table(directory / "facts.parquet"), pq.read_table(directory / "links.parquet")
     result, times = timed_runs(lambda: select_candidates(facts, links), repeat, long_run)

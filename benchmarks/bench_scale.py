@@ -81,23 +81,29 @@ class PhaseClock:
 
 
 def _worker_step(step: str, root: Path) -> int:
+    from tkg.build import catalog, stages
     from tkg.build import graph as build
     from tkg.invalidate import invalidation
-    from tkg.invalidate.invalidation import RuleJudge
+    from tkg.invalidate import stages as invalidate_stages
+    from tkg.invalidate.judges import RuleJudge
+    from tkg.resolve import stages as resolve_stages
+    from tkg.settings import Settings
     from tkg.store import warehouse
     from tkg.store.parquet import ParquetStore
 
+    settings = Settings.resolve(home=root, backend="offline", embeddings="wordllama")
     store = ParquetStore(root)
     clock = PhaseClock()
+    clock.wrap(stages, "consistent_versions", "read the stamps of every partition")
     clock.wrap(build, "consistent_versions", "read the stamps of every partition")
     clock.wrap(ParquetStore, "read_all", lambda self, asset, *rest: f"read all {asset}")
     clock.wrap(ParquetStore, "write", "write Parquet")
     captured: dict = {}
     if step == "canonical_entities":
-        clock.wrap(build, "resolve_entities")
+        clock.wrap(resolve_stages, "resolve_entities")
     elif step == "invalidated_events":
         for name in ("canonical_triplets", "invalidate"):
-            clock.wrap(build, name)
+            clock.wrap(invalidate_stages, name)
         for name in ("_fact_events", "_links", "_event_views", "revise_figures"):
             clock.wrap(invalidation, name)
         selector = invalidation.select_candidates
@@ -114,16 +120,11 @@ def _worker_step(step: str, root: Path) -> int:
         clock.wrap(warehouse, "apply_model", "apply the sql/ models")
 
     start = time.time()
-    if step == "canonical_entities":
-        result = build.run_canonical_entities(store)
-        counts = dict(result.counts)
-    elif step == "invalidated_events":
-        result = build.run_invalidation(store, RuleJudge())
-        counts = dict(result.counts)
-    elif step == "fact_relevance":
-        counts = dict(build.run_fact_relevance(store).counts)
+    if step in ("canonical_entities", "invalidated_events", "fact_relevance"):
+        runtime = stages.Runtime.open(settings)
+        counts = dict(stages.run_global(runtime, catalog.stage(step)).counts)
     elif step == "warehouse":
-        published = build.run_warehouse(store, root / "tkg.duckdb")
+        published = build.run_warehouse(settings, root / "tkg.duckdb")
         counts = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2)}
     elif step == "truth_resolution":
         counts = write_truth_resolution(store)
@@ -148,9 +149,11 @@ def write_truth_resolution(store) -> dict:
     import duckdb
     import pyarrow as pa
 
-    from tkg.build.state import RESOLUTION_VERSION, consistent_versions, global_inputs
+    from tkg.build import catalog
+    from tkg.build.state import consistent_versions, global_inputs
     from tkg.core import tables
     from tkg.core.versions import Stamp, stamped
+    from tkg.resolve.resolution import RESOLUTION_VERSION
 
     truth = str(store.root / "synthetic" / "truth" / "*.parquet")
     with duckdb.connect() as connection:
@@ -162,7 +165,8 @@ def write_truth_resolution(store) -> dict:
             "'synthetic truth' AS source FROM read_parquet($truth) GROUP BY canonical_id", params={"truth": truth}).to_arrow_table()
     canonical = pa.Table.from_arrays([canonical.column(f.name).cast(f.type) for f in tables.CANONICAL_ENTITIES],
                                      schema=tables.CANONICAL_ENTITIES)
-    stamp = Stamp("canonical_entities", RESOLUTION_VERSION, global_inputs(consistent_versions(store), {})["canonical_entities"])
+    stamp = Stamp("canonical_entities", RESOLUTION_VERSION,
+                  global_inputs(catalog.stage("canonical_entities"), consistent_versions(store), {}))
     store.write(store.global_path("canonical_entities", "entity_resolution"), stamped(mapping, stamp))
     store.write(store.global_path("canonical_entities"), stamped(canonical, stamp))
     return {"mentions": mapping.num_rows, "canonical_entities": canonical.num_rows}

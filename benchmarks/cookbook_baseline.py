@@ -63,7 +63,7 @@ from tkg.core.models import (
 )
 from tkg.extract.base import DocumentContext
 from tkg.ingest.chunking import chunk_transcript
-from tkg.invalidate.invalidation import EventView, JudgeCase
+from tkg.invalidate.judges import EventView, JudgeCase
 from tkg.llm.extractor import TEMPLATES, LLMJudge
 from tkg.llm.prompts import RenderedPrompt, render
 from tkg.llm.wire import JudgeOut, StatementsOut, TripletsOut, ValidityOut

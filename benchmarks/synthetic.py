@@ -1482,7 +1482,7 @@ def _copies() -> CompanyCopies:
 
 def _write_copy(job: tuple[str, int, int]) -> tuple[Counter, int]:
     """Worker: copy `copy` of the companies from base `base`, written partition by partition."""
-    from tkg.build.state import PARTITIONED_STAGES
+    from tkg.build.catalog import PARTITIONED_NAMES
     from tkg.core.versions import stamped
     from tkg.store.parquet import ParquetStore
 
@@ -1491,7 +1491,7 @@ def _write_copy(job: tuple[str, int, int]) -> tuple[Counter, int]:
     stamps = store_stamps()
     rows: Counter = Counter()
     partitions: set[tuple[str, date]] = set()
-    for stage in PARTITIONED_STAGES:
+    for stage in PARTITIONED_NAMES:
         table = _copied(_base_tables(root, base)[stage], stage, copy)
         if stage == "entities":
             truth_folder = Path(root) / "synthetic" / "truth"
@@ -1521,12 +1521,12 @@ _SCHEMA_OF = {"transcripts": "TRANSCRIPTS", "chunks": "CHUNKS", "statements": "S
 def store_stamps() -> dict:
     """One stamp per partitioned stage, each built from the version of its inputs, as a whole
     partition's files carry them (tkg.build.state.half_built checks exactly that)."""
-    from tkg.build.state import PARTITIONED_STAGES, STAGE_INPUTS
+    from tkg.build import catalog
     from tkg.core.versions import Stamp
 
     stamps: dict = {}
-    for stage in PARTITIONED_STAGES:  # upstream stages come first
-        inputs = {upstream: stamps[upstream].version for upstream in STAGE_INPUTS[stage]} or {"source": "synthetic"}
+    for stage in catalog.PARTITIONED_NAMES:  # upstream stages come first
+        inputs = {upstream: stamps[upstream].version for upstream in catalog.stage(stage).inputs} or {"source": "synthetic"}
         stamps[stage] = Stamp(stage, STORE_CODE_VERSION, inputs)
     return stamps
 

@@ -53,7 +53,7 @@ from tkg.core.names import company_for_name, organisation_key
 from tkg.core.roles import parse_offices
 from tkg.extract.base import DocumentContext, split_sentences
 from tkg.extract.offline import OfflineExtractor
-from tkg.invalidate.invalidation import EventView, RuleJudge, TripletView
+from tkg.invalidate.judges import EventView, RuleJudge, TripletView
 
 GRAPHITI_SCHEMAS = frozenset({"ExtractedEntities", "ExtractedEdges", "CombinedExtraction", "EdgeTimestamps",
                               "BatchEdgeTimestamps", "EdgeDuplicate", "NodeResolutions", "SummarizedEntities"})

@@ -19,7 +19,7 @@ from tkg.core.embeddings import WordLlamaEmbedder
 from tkg.core.models import Chunk, RawStatement
 from tkg.extract.base import DocumentContext
 from tkg.extract.offline import OfflineExtractor
-from tkg.invalidate.invalidation import EventView, RuleJudge, TripletView
+from tkg.invalidate.judges import EventView, RuleJudge, TripletView
 
 _STATEMENT_LINE = re.compile(r'^- \[(\d+)\] "(.*)"(?: \((\w+), (\w+)\))?$', re.MULTILINE)
 

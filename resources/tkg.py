@@ -1,21 +1,19 @@
 """Configurable resources: where data lives, where transcripts come from, and which extraction
-backend (offline rules or an OpenAI-compatible LLM) and embedder run."""
+backend (offline rules or an OpenAI-compatible LLM) and embedder run.
 
+They are the Dagster face of `tkg.settings.Settings`, split by concern so the launchpad shows
+each on its own: `resources_for(settings)` makes them from resolved settings (what `tkg build`
+and the code location do), and `settings_of(...)` resolves them back, a field left unset
+falling back to its TKG_* variable, as everywhere in tkg.
+"""
 
 import os
-from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
-from tkg.build.stages import Components
-from tkg.core.embeddings import Embedder
-from tkg.extract.base import Extractor
-from tkg.ingest.sources import LoadedSource, describe, load_source
-from tkg.invalidate.invalidation import Judge
-from tkg.llm.settings import LLMSettings
-from tkg.providers import Backend, allow_partial_from_env, default_home
-from tkg.store.parquet import ParquetStore, download, upload
+from tkg.settings import Settings
+from tkg.store.parquet import download, upload
 
 
 class TkgStorage(dg.ConfigurableResource):
@@ -26,45 +24,20 @@ class TkgStorage(dg.ConfigurableResource):
     from the standard AWS variables), and `duckdb_upload` shares each published file, so that
     workers with separate disks build one graph."""
 
-    home: str = Field(default_factory=default_home, description="Folder for Parquet files, caches and tkg.duckdb (TKG_HOME)")
+    home: str | None = Field(None, description="Folder for Parquet files, caches and tkg.duckdb (TKG_HOME; default ./tkg_data)")
     duckdb_path: str | None = Field(None, description="Published DuckDB file; defaults to <home>/tkg.duckdb (TKG_DUCKDB)")
-    storage: str | None = Field(default_factory=lambda: os.environ.get("TKG_STORAGE") or None,
-                                description="Root of the Parquet system of record: a folder or s3://bucket/prefix; "
-                                            "defaults to <home>/parquet (TKG_STORAGE)")
-    duckdb_upload: str | None = Field(default_factory=lambda: os.environ.get("TKG_DUCKDB_UPLOAD") or None,
-                                      description="s3://bucket/key the published DuckDB file is uploaded to after each "
-                                                  "publish, and fetched from by steps on other machines (TKG_DUCKDB_UPLOAD)")
-
-    @property
-    def store(self) -> ParquetStore:
-        return ParquetStore(self.home, self.storage)
-
-    def share_warehouse(self) -> None:
-        """Upload the published file, when an upload target is configured."""
-        if self.duckdb_upload:
-            upload(self.warehouse_path, self.duckdb_upload)
-
-    def fetch_warehouse(self) -> None:
-        """Replace the local copy with the shared one (another machine may have published it)."""
-        if self.duckdb_upload:
-            download(self.duckdb_upload, self.warehouse_path)
-
-    @property
-    def warehouse_path(self) -> Path:
-        return Path(self.duckdb_path or os.environ.get("TKG_DUCKDB") or Path(self.home) / "tkg.duckdb").expanduser().resolve()
+    storage: str | None = Field(None, description="Root of the Parquet system of record: a folder or s3://bucket/prefix; "
+                                                   "defaults to <home>/parquet (TKG_STORAGE)")
+    duckdb_upload: str | None = Field(None, description="s3://bucket/key the published DuckDB file is uploaded to after "
+                                                         "each publish, and fetched from by steps on other machines "
+                                                         "(TKG_DUCKDB_UPLOAD)")
 
 
 class TranscriptSource(dg.ConfigurableResource):
     """Where transcripts come from: 'sample' (bundled), a parquet/jsonl/csv path, or 'hf'."""
 
-    source: str = Field(default_factory=lambda: os.environ.get("TKG_SOURCE", "sample"),
-                        description="'sample', a local .parquet/.jsonl/.csv with company,date,transcript, or 'hf' (TKG_SOURCE)")
-
-    def load(self) -> LoadedSource:
-        return load_source(self.source)
-
-    def describe(self) -> str:
-        return describe(self.source)
+    source: str | None = Field(None, description="'sample', a local .parquet/.jsonl/.csv with company,date,transcript, "
+                                                 "or 'hf' (TKG_SOURCE; default 'sample')")
 
 
 class ExtractionBackend(dg.ConfigurableResource):
@@ -74,9 +47,9 @@ class ExtractionBackend(dg.ConfigurableResource):
     key, no network); 'openai' runs the prompts in prompts/ against OpenAI or any
     OpenAI-compatible server (`base_url`). Unset, it follows TKG_LLM, else 'openai' when
     OPENAI_API_KEY is set or a server is configured (`base_url` / OPENAI_BASE_URL), else
-    'offline'. Every unset field falls back to its TKG_* variable
-    (see README). Chunking always uses the local wordllama embeddings: it embeds every
-    sentence window and is not worth paying for.
+    'offline'. Every unset field falls back to its TKG_* variable (see README). Chunking always
+    uses the local wordllama embeddings: it embeds every sentence window and is not worth
+    paying for.
     """
 
     backend: str | None = Field(None, description="openai | offline (TKG_LLM)")
@@ -90,54 +63,47 @@ class ExtractionBackend(dg.ConfigurableResource):
     cache: str | None = Field(None, description="A shared response cache: postgresql://user:password@host/db; unset, a "
                                                 "SQLite file under <home>/cache (TKG_CACHE). Set it from an EnvVar: it "
                                                 "may hold a password")
-    home: str = Field(default_factory=default_home, description="where the response cache lives (<home>/cache)")
-    allow_partial: bool = Field(
-        default_factory=allow_partial_from_env,
-        description="Write what a stage extracted even when the provider left items unanswered, and say what is "
-                    "missing (TKG_ALLOW_PARTIAL). Off: such a stage fails and keeps the partition's last good output")
-
-    def plain(self) -> Backend:
-        """The same settings as a plain `tkg.providers.Backend` (what the work is done with)."""
-        return Backend(**{name: getattr(self, name) for name in Backend.__dataclass_fields__})
-
-    def llm_settings(self) -> LLMSettings:
-        return self.plain().llm_settings()
-
-    def resolved_backend(self) -> str:
-        return self.plain().resolved_backend()
-
-    def extractor(self) -> Extractor:
-        return self.plain().extractor()
-
-    def judge(self) -> Judge:
-        return self.plain().judge()
-
-    def embedder(self) -> Embedder:
-        return self.plain().embedder()
-
-    def chunk_embedder(self) -> Embedder:
-        return self.plain().chunk_embedder()
-
-    def components(self) -> Components:
-        return self.plain().components()
-
-    def describe(self) -> str:
-        return self.plain().describe()
-
-    def explicit_fields(self) -> dict[str, object]:
-        return self.plain().explicit_fields()
-
-    def code_versions(self) -> dict[str, str]:
-        return self.plain().code_versions()
-
-    def judge_code_version(self) -> str:
-        return self.plain().judge_code_version()
+    allow_partial: bool | None = Field(
+        None, description="Write what a stage extracted when the provider left items unanswered, and say what is missing "
+                          "(TKG_ALLOW_PARTIAL). Off: such a stage fails and keeps the partition's last good output")
 
 
-def extraction_backend_from_env(**fields: object) -> ExtractionBackend:
-    """The resource as `dagster dev` and `tkg build` configure it (with `fields` set
-    explicitly): the key comes from the environment as an EnvVar, so Dagster shows the
-    variable's name, never its value."""
-    if os.environ.get("OPENAI_API_KEY"):
-        fields["api_key"] = dg.EnvVar("OPENAI_API_KEY")
-    return ExtractionBackend(**fields)
+def settings_of(storage: TkgStorage, source: TranscriptSource | None = None,
+                extraction: ExtractionBackend | None = None) -> Settings:
+    """The settings the resources give (their unset fields from the environment)."""
+    source = source or TranscriptSource()
+    extraction = extraction or ExtractionBackend()
+    return Settings.resolve(
+        home=storage.home, warehouse=storage.duckdb_path, storage=storage.storage, duckdb_upload=storage.duckdb_upload,
+        source=source.source, backend=extraction.backend, embeddings=extraction.embeddings, base_url=extraction.base_url,
+        api_mode=extraction.api_mode, batch_size=extraction.batch_size, max_in_flight=extraction.max_in_flight,
+        service_tier=extraction.service_tier, cache=extraction.cache, allow_partial=extraction.allow_partial)
+
+
+def resources_for(settings: Settings) -> dict[str, dg.ConfigurableResource]:
+    """The resources of `settings`. The key and a shared cache URL are not copied in: the key
+    comes from the environment as an EnvVar, so Dagster shows the variable's name, never its
+    value, and the cache URL is read from TKG_CACHE where it is used."""
+    llm = settings.llm
+    return {
+        "storage": TkgStorage(home=str(settings.home), duckdb_path=str(settings.warehouse), storage=settings.storage,
+                              duckdb_upload=settings.duckdb_upload),
+        "source": TranscriptSource(source=settings.source),
+        "extraction": ExtractionBackend(
+            backend=settings.backend, embeddings=settings.embeddings, base_url=llm.base_url, api_mode=llm.api_mode,
+            batch_size=llm.batch_size, max_in_flight=llm.max_in_flight, service_tier=llm.service_tier,
+            allow_partial=settings.allow_partial,
+            api_key=dg.EnvVar("OPENAI_API_KEY") if os.environ.get("OPENAI_API_KEY") else None),
+    }
+
+
+def share_warehouse(settings: Settings) -> None:
+    """Upload the published file, when an upload target is configured."""
+    if settings.duckdb_upload:
+        upload(settings.warehouse, settings.duckdb_upload)
+
+
+def fetch_warehouse(settings: Settings) -> None:
+    """Replace the local copy with the shared one (another machine may have published it)."""
+    if settings.duckdb_upload:
+        download(settings.duckdb_upload, settings.warehouse)

@@ -22,6 +22,14 @@ needs_corpus = pytest.mark.skipif(
 needs_gold = pytest.mark.skipif(not GOLD_DEV.exists(), reason=f"the gold questions are not at {GOLD_DEV}")
 
 
+def offline_runtime(home: Path):
+    """What the offline path builds with, into data folder `home` (rules, wordllama)."""
+    from tkg.build.stages import Runtime
+    from tkg.settings import Settings
+
+    return Runtime.open(Settings.resolve(home=home, backend="offline", embeddings="wordllama"))
+
+
 def gold_cases(kind: str) -> list[dict]:
     if not GOLD_DEV.exists():
         return []

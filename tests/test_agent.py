@@ -17,8 +17,8 @@ import pytest
 from fakes.openai_server import FunctionCall, OpenAICompatibleServer, ParsedRequest, tool_outputs
 from tkg.answer.agent import answer_with_model
 from tkg.answer.query import Graph
-from tkg.extract.base import StageStats
-from tkg.providers import Backend
+from tkg.core.results import StageStats
+from tkg.settings import Settings
 
 API_KEY = "sk-test-agent-0123456789-do-not-leak"
 QUESTION = "Who was the CFO of Helio Robotics in November 2024?"
@@ -79,7 +79,7 @@ def model(server, monkeypatch):
 def test_plans_calls_tools_and_cites_what_it_was_sent(graph, server, model, tmp_path, api_mode, caplog):
     caplog.set_level(logging.DEBUG)
     stats = StageStats()
-    result = answer_with_model(graph, QUESTION, Backend(home=str(tmp_path), api_mode=api_mode), stats=stats)
+    result = answer_with_model(graph, QUESTION, Settings.resolve(home=tmp_path, api_mode=api_mode), stats=stats)
 
     # the plan, and the trace of tool calls with the arguments the model gave
     assert result.plan == TASKS
@@ -138,23 +138,23 @@ def test_plans_calls_tools_and_cites_what_it_was_sent(graph, server, model, tmp_
 
 
 def test_an_identical_question_replays_from_the_cache(graph, server, model, tmp_path):
-    backend = Backend(home=str(tmp_path))
-    first = answer_with_model(graph, QUESTION, backend)
+    settings = Settings.resolve(home=tmp_path)
+    first = answer_with_model(graph, QUESTION, settings)
     assert server.stats().total_requests == 4
     server.reset_stats()
     stats = StageStats()
-    again = answer_with_model(graph, QUESTION, backend, stats=stats)
+    again = answer_with_model(graph, QUESTION, settings, stats=stats)
     assert server.stats().total_requests == 0 and stats.requests == 0 and stats.cache_hits == 4
     assert again == first
 
 
 def test_a_step_cap_ends_with_a_clear_message(graph, server, model, tmp_path):
-    result = answer_with_model(graph, QUESTION, Backend(home=str(tmp_path)), max_steps=1)
+    result = answer_with_model(graph, QUESTION, Settings.resolve(home=tmp_path), max_steps=1)
     assert result.answer is None and result.note == "stopped after 1 step without an answer"
     assert result.plan == TASKS and [call.tool for call in result.tool_calls] == ["find_entity"]
     assert server.stats().total_requests == 2  # the plan and one turn
     # what was retrieved stays available
-    capped = answer_with_model(graph, QUESTION, Backend(home=str(tmp_path)), max_steps=2)
+    capped = answer_with_model(graph, QUESTION, Settings.resolve(home=tmp_path), max_steps=2)
     assert capped.answer is None and capped.note == "stopped after 2 steps without an answer"
     assert capped.facts and all(fact.predicate == "HOLDS_ROLE" for fact in capped.facts)
 
@@ -175,7 +175,7 @@ def test_tool_errors_go_back_to_the_model(graph, server, model, tmp_path):
         return "The graph holds nothing that answers this."
 
     server.set_responder(responder)
-    result = answer_with_model(graph, "What about Widget Corp?", Backend(home=str(tmp_path)))
+    result = answer_with_model(graph, "What about Widget Corp?", Settings.resolve(home=tmp_path))
     assert result.answer == "The graph holds nothing that answers this." and result.facts == []
     errors = [call.error for call in result.tool_calls]
     assert [call.results for call in result.tool_calls] == [0, 0, 0, 0] and all(errors)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from datetime import date
+from pathlib import Path
 
 import dagster as dg
 import duckdb
 import pytest
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
+from tkg.settings import Settings
 from tkg.store.checks import CHECKS
 from tkg_assets.definitions import pipeline_assets
 from tkg_assets.partitions import partition_key
 
-PARTITIONED_ASSETS, GLOBAL_ASSETS = pipeline_assets(TranscriptSource(source="sample"), ExtractionBackend(backend="offline"))
+PARTITIONED_ASSETS, GLOBAL_ASSETS = pipeline_assets(Settings.resolve(source="sample", backend="offline"))
 GLOBAL_ASSETS = GLOBAL_ASSETS[:-1]  # without the SQL models
 transcripts, chunks = PARTITIONED_ASSETS[:2]
 
@@ -54,7 +56,7 @@ def test_full_sample_graph_with_checks(resources, instance):
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert evaluations == {check.name: True for check in CHECKS}
 
-    with duckdb.connect(str(resources["storage"].warehouse_path), read_only=True) as connection:
+    with duckdb.connect(str(Path(resources["storage"].home) / "tkg.duckdb"), read_only=True) as connection:
         cfo = connection.execute(
             "SELECT DISTINCT person FROM officers JOIN facts_as_of(TIMESTAMP '2024-09-01') USING (event_id) "
             "WHERE officers.company = 'HLIO' AND role = 'CFO'").fetchall()

@@ -7,13 +7,14 @@ from datetime import date
 
 import dagster as dg
 
-from tkg.build.state import PARTITIONED_STAGES
+from tests.conftest import offline_runtime
+from tkg.build.catalog import PARTITIONED_NAMES
 from tkg.ingest.sources import load_source
 from tkg_assets.automation import stale_partition_requests
 from tkg_assets.definitions import defs
 from tkg_assets.partitions import partition_key
 
-PARTITION_STEPS = list(PARTITIONED_STAGES)
+PARTITION_STEPS = list(PARTITIONED_NAMES)
 
 
 def _requested(result) -> set[str]:
@@ -41,29 +42,25 @@ def test_global_assets_wait_for_the_whole_partition_then_refresh_together():
 
 def test_schedule_requests_only_what_is_stale(tmp_path):
     from tkg.build.plan import plan_build
-    from tkg.build.stages import Components, build_partition
-    from tkg.build.state import global_code_versions
-    from tkg.core.embeddings import WordLlamaEmbedder
-    from tkg.extract.offline import OfflineExtractor
-    from tkg.store.parquet import ParquetStore
+    from tkg.build.stages import build_partition
 
     source = load_source("sample")
-    store = ParquetStore(tmp_path)
-    components = Components(OfflineExtractor(), WordLlamaEmbedder())
+    runtime = offline_runtime(tmp_path)
+    store = runtime.store
     built = [("HLIO", date(2024, 1, 1)), ("QNTX", date(2024, 1, 1))]
     for partition in built:
-        build_partition(store, partition, {"transcripts"}, components, source.rows_for(*partition))
+        build_partition(runtime, partition, {"transcripts"}, source.rows_for(*partition))
 
     def requests(code_versions):
-        plan = plan_build(store, source, source.partitions(), code_versions, global_code_versions("rules"))
+        plan = plan_build(store, source, source.partitions(), code_versions)
         return {str(r.partition_key): sorted(k.to_user_string() for k in r.asset_selection) for r in stale_partition_requests(plan)}
 
-    fresh = requests(components.code_versions)
+    fresh = requests(runtime.code_versions)
     assert len(fresh) == 6 and not {str(partition_key(*p)) for p in built} & set(fresh)
     assert list(fresh)[0].endswith("2024-04-01")  # oldest first
     assert all(stages == sorted(PARTITION_STEPS) for stages in fresh.values())
     # a new triplet prompt: every partition again, but only triplets and what reads them
-    changed = requests({**components.code_versions, "triplets": "another-prompt"})
+    changed = requests({**runtime.code_versions, "triplets": "another-prompt"})
     assert changed[str(partition_key(*built[0]))] == ["entities", "triplets"]
 
 

@@ -10,7 +10,7 @@ import sys
 import dagster as dg
 import duckdb
 
-from tkg.build.state import PARTITIONED_STAGES
+from tkg.build.catalog import PARTITIONED_NAMES
 from tkg.core.versions import read_stamp
 from tkg.store.parquet import ParquetStore
 
@@ -50,7 +50,7 @@ def test_workers_build_the_same_graph_record_every_partition_and_rebuild_nothing
         assert all(run.tags.get("dagster/code_location") == "tkg" for run in runs.values())
         assert all(run.remote_job_origin.repository_origin.get_label() == "__repository__@tkg" for run in runs.values())
         store = ParquetStore(home)
-        for stage in PARTITIONED_STAGES:
+        for stage in PARTITIONED_NAMES:
             key = dg.AssetKey(stage)
             assert len(instance.get_materialized_partitions(key)) == 8
             event = instance.get_latest_materialization_event(key).asset_materialization

@@ -41,7 +41,7 @@ def test_the_workspace_module_loads_with_its_jobs_schedule_and_sensor():
     assert loaded.resolve_schedule_def("weekly_new_transcripts").job_name == "ingest_partition"
     automated = loaded.resolve_sensor_def("tkg_automation").asset_selection.resolve(graph)
     assert {key.to_user_string() for key in automated} == unpartitioned
-    assert set(loaded.resources) == {"storage", "source", "extraction"}
+    assert set(loaded.resources) == {"storage", "source", "extraction", "progress"}
     checks = loaded.resolve_assets_def("warehouse").check_specs
     assert {spec.name: spec.blocking for spec in checks} == {check.name: check.blocking for check in CHECKS}
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tkg.build.state import PARTITIONED_STAGES as STAGES
+from tkg.build.catalog import PARTITIONED_NAMES as STAGES
 
 pytestmark = pytest.mark.services
 
@@ -96,7 +96,7 @@ def test_a_partition_materialised_on_the_postgres_instance_is_recorded_in_postgr
                                                                                    s3_server):
     import dagster as dg
 
-    from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
+    from tkg.settings import Settings
     from tkg_assets.definitions import build_definitions
 
     database, logs_bucket = postgres_server.create_database("dagster"), s3_server.create_bucket("compute-logs")
@@ -106,8 +106,7 @@ def test_a_partition_materialised_on_the_postgres_instance_is_recorded_in_postgr
         monkeypatch.setenv(name, value)
 
     key = "HLIO|2024-01-01"
-    defs = build_definitions(TkgStorage(home=here["TKG_HOME"]), TranscriptSource(source="sample"),
-                             ExtractionBackend(backend="offline"))
+    defs = build_definitions(Settings.resolve(home=here["TKG_HOME"], source="sample", backend="offline"))
     with dg.DagsterInstance.get() as instance:
         result = defs.resolve_job_def("ingest_partition").execute_in_process(instance=instance, partition_key=key)
     assert result.success

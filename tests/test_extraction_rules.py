@@ -143,7 +143,7 @@ def test_model_validators_normalise_llm_output():
 
 
 def test_dangling_triplets_are_dropped_and_counted():
-    from tkg.extract.base import StageStats
+    from tkg.core.results import StageStats
 
     extraction = RawExtraction(
         entities=[RawEntity(entity_idx=0, name="AMD", type="Organization")],
@@ -171,12 +171,21 @@ def test_statements_keep_the_speakers_words(spoken, written):
 def test_the_predicate_vocabulary_agrees_with_itself():
     """Issue 13: the enum, the definitions and the contradiction groups describe one vocabulary."""
     from tkg.core.models import PREDICATE_DEFINITIONS, Predicate
-    from tkg.core.policy import PREDICATE_GROUP_OF, PREDICATE_GROUPS
+    from tkg.core.policy import POLICY
 
     assert set(PREDICATE_DEFINITIONS) == set(Predicate) and all(d.strip() for d in PREDICATE_DEFINITIONS.values())
-    grouped = [p for group in PREDICATE_GROUPS for p in group]
+    grouped = [p for group in POLICY.groups for p in group]
     assert len(grouped) == len(set(grouped)) == len(Predicate)  # each predicate in exactly one group
-    assert set(PREDICATE_GROUP_OF) == set(Predicate)
+    assert set(POLICY.group_of) == set(Predicate)
+
+
+def _code_versions(**given) -> dict[str, str]:
+    """Every stage's code version under the settings `given`, as `tkg build` and the assets compute them."""
+    from tkg.build import catalog
+    from tkg.providers import fingerprints
+    from tkg.settings import Settings
+
+    return catalog.code_versions(fingerprints(Settings.resolve(**given)))
 
 
 def test_editing_the_vocabulary_changes_code_versions_and_cache_keys(monkeypatch):
@@ -185,19 +194,16 @@ def test_editing_the_vocabulary_changes_code_versions_and_cache_keys(monkeypatch
     from tkg.core import models
     from tkg.core.models import Predicate
     from tkg.llm.settings import settings_from_env
-    from tkg.providers import Backend
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
-    before = {"offline": (Backend(backend="offline").code_versions(), Backend(backend="offline").judge_code_version()),
-              "llm": (Backend().code_versions(), Backend().judge_code_version())}
+    before = {"offline": _code_versions(backend="offline"), "llm": _code_versions()}
     fingerprints = {stage: settings_from_env().fingerprint(stage) for stage in ("statements", "triplets", "judge")}
     edited = {**models.PREDICATE_DEFINITIONS, Predicate.SELLS: "The subject offers the object for sale to customers."}
     monkeypatch.setattr(models, "PREDICATE_DEFINITIONS", edited)
-    for name, backend in (("offline", Backend(backend="offline")), ("llm", Backend())):
-        versions, judge = backend.code_versions(), backend.judge_code_version()
-        assert versions["triplets"] != before[name][0]["triplets"] and judge != before[name][1]
-        assert {k: v for k, v in versions.items() if k != "triplets"} == {
-            k: v for k, v in before[name][0].items() if k != "triplets"}
+    for name, versions in (("offline", _code_versions(backend="offline")), ("llm", _code_versions())):
+        shaped = {"triplets", "invalidated_events"}
+        assert all(versions[stage] != before[name][stage] for stage in shaped)
+        assert {k: v for k, v in versions.items() if k not in shaped} == {k: v for k, v in before[name].items() if k not in shaped}
     after = {stage: settings_from_env().fingerprint(stage) for stage in fingerprints}
     assert after["statements"] == fingerprints["statements"]
     assert after["triplets"] != fingerprints["triplets"] and after["judge"] != fingerprints["judge"]
@@ -206,31 +212,51 @@ def test_editing_the_vocabulary_changes_code_versions_and_cache_keys(monkeypatch
 def test_editing_the_invalidation_policy_changes_only_the_judges_versions(monkeypatch):
     """Issue 13: the policy (tkg.core.policy) is part of both judges' code version and the LLM
     judge's cache key; extraction stages keep theirs."""
+    from dataclasses import replace
+
     from tkg.core import policy
     from tkg.llm.settings import settings_from_env
-    from tkg.providers import Backend
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
-    before = {"offline": (Backend(backend="offline").code_versions(), Backend(backend="offline").judge_code_version()),
-              "llm": (Backend().code_versions(), Backend().judge_code_version())}
+    before = {"offline": _code_versions(backend="offline"), "llm": _code_versions()}
     judge_key = settings_from_env().fingerprint("judge")
-    monkeypatch.setattr(policy, "FUNCTIONAL_OFFICES", policy.FUNCTIONAL_OFFICES | {"CRO"})
-    for name, backend in (("offline", Backend(backend="offline")), ("llm", Backend())):
-        assert backend.code_versions() == before[name][0]
-        assert backend.judge_code_version() != before[name][1]
+    monkeypatch.setattr(policy, "POLICY", replace(policy.POLICY, offices=policy.POLICY.offices | {"CRO"}))
+    for name, versions in (("offline", _code_versions(backend="offline")), ("llm", _code_versions())):
+        assert versions["invalidated_events"] != before[name]["invalidated_events"]
+        assert {k: v for k, v in versions.items() if k != "invalidated_events"} == {
+            k: v for k, v in before[name].items() if k != "invalidated_events"}
     assert settings_from_env().fingerprint("judge") != judge_key
-    assert "CRO" in policy.describe_single_valued()
+    assert "CRO" in policy.POLICY.describe_single_valued()
+
+
+def test_every_rule_of_the_policy_is_in_its_fingerprint():
+    """Issue 22: a rule added to the policy cannot be left out of the fingerprint (and so of the
+    judges' code versions and cache keys): changing any field changes it."""
+    from dataclasses import fields, replace
+
+    from tkg.core.models import Predicate
+    from tkg.core.policy import POLICY
+
+    edited = {"statement_types": ("FACT", "OPINION"), "never": (), "groups": POLICY.groups[:-1], "min_cosine": 0.6,
+              "top_k": 11, "offices": POLICY.offices | {"CRO"}, "single_valued": frozenset({Predicate.TARGETS}),
+              "guidance_key": POLICY.guidance_key[:-1], "figure_judge": "rules:figure-revisions-2", "tolerance": 1e-6}
+    assert set(edited) == {field.name for field in fields(POLICY)}, "a new policy field needs an edit here too"
+    for name, value in edited.items():
+        assert replace(POLICY, **{name: value}).fingerprint() != POLICY.fingerprint(), name
+    assert replace(POLICY).fingerprint() == POLICY.fingerprint()
 
 
 def test_the_judge_prompt_and_the_check_read_the_policy(monkeypatch):
+    from dataclasses import replace
+
     from tkg.core import policy
     from tkg.llm.prompts import render
     from tkg.store import checks
 
     office_check = next(check for check in checks.CHECKS if check.name == "one_holder_per_office")
-    assert set(office_check.parameters[0]) == set(policy.FUNCTIONAL_OFFICES)
-    monkeypatch.setattr(policy, "FUNCTIONAL_OFFICES", policy.FUNCTIONAL_OFFICES | {"Chief Risk Officer"})
+    assert set(office_check.parameters[0]) == set(policy.POLICY.offices)
+    monkeypatch.setattr(policy, "POLICY", replace(policy.POLICY, offices=policy.POLICY.offices | {"Chief Risk Officer"}))
     prompt = render("invalidation_judge.j2", primary={"statement": "x", "statement_type": "FACT", "temporal_type": "DYNAMIC",
                                                       "valid_at": "2020-01-01", "invalid_at": None, "triplets": []},
-                    candidates=[], single_valued=policy.describe_single_valued())
+                    candidates=[], single_valued=policy.POLICY.describe_single_valued())
     assert "Chief Risk Officer" in prompt.instructions

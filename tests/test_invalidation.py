@@ -9,14 +9,13 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from tests.conftest import CORPUS, needs_corpus
-from tkg.build.graph import BuildReport, build_graph, finish_graph, partitions_of, run_partition
-from tkg.build.stages import Components
+from tests.conftest import CORPUS, needs_corpus, offline_runtime
+from tkg.build.graph import build_graph, finish_graph, partitions_of, run_partition
 from tkg.core import tables
 from tkg.core.embeddings import WordLlamaEmbedder
-from tkg.extract.offline import OfflineExtractor
 from tkg.ingest.sources import SAMPLE_PATH, load_source
-from tkg.invalidate.invalidation import RuleJudge, invalidate
+from tkg.invalidate.invalidation import invalidate
+from tkg.invalidate.judges import RuleJudge
 from tkg.store.parquet import ParquetStore
 
 
@@ -168,12 +167,11 @@ def _history(home) -> list[tuple]:
 
 
 def _build_in_order(home, source, partitions):
-    store = ParquetStore(home)
-    components = Components(OfflineExtractor(), WordLlamaEmbedder())
-    for company, quarter in partitions:
-        run_partition(store, company, quarter, source, components)
+    runtime = offline_runtime(home)
+    for partition in partitions:
+        run_partition(runtime, partition, source)
         # global stages after every partition, as automation does when partitions land one by one
-        finish_graph(store, RuleJudge(), None, BuildReport(partitions=[]))
+        finish_graph(runtime)
     return _history(home)
 
 
@@ -197,14 +195,13 @@ def test_real_history_does_not_depend_on_partition_order(tmp_path):
     source = load_source(str(CORPUS))
     partitions = partitions_of(source, {"INTC"}, date(2016, 1, 1), date(2017, 12, 31))
     missed_last = [p for p in partitions if p != ("INTC", date(2017, 1, 1))] + [("INTC", date(2017, 1, 1))]
-    components = Components(OfflineExtractor(), WordLlamaEmbedder())
     histories = []
     for name, order in (("forward", partitions), ("reverse", partitions[::-1]), ("missed_last", missed_last)):
-        home = tmp_path / name
-        for company, quarter in order:
-            run_partition(ParquetStore(home), company, quarter, source, components)
-        finish_graph(ParquetStore(home), RuleJudge(), None, BuildReport(partitions=order))
-        histories.append(_history(home))
+        runtime = offline_runtime(tmp_path / name)
+        for partition in order:
+            run_partition(runtime, partition, source)
+        finish_graph(runtime)
+        histories.append(_history(tmp_path / name))
     assert histories[0] and histories[1] == histories[0] and histories[2] == histories[0]
 
 
@@ -212,9 +209,9 @@ def test_reingesting_a_partition_reopens_what_only_it_retired(tmp_path):
     """Re-ingest Helio's two later calls from a corrected source in which the CFO never changed:
     Dana Whitfield's CFO facts, retired only by Marcus Ortega's, are open again."""
     source = load_source("sample")
-    store = ParquetStore(tmp_path / "home")
-    components = Components(OfflineExtractor(), WordLlamaEmbedder())
-    build_graph(store, source, partitions_of(source), components, RuleJudge())
+    runtime = offline_runtime(tmp_path / "home")
+    store = runtime.store
+    build_graph(runtime, source, partitions_of(source))
     whitfield = lambda: {(r["invalid_at"] is None) for r in _cfo_rows(store, "Dana Whitfield")}
     assert whitfield() == {False}
 
@@ -228,10 +225,10 @@ def test_reingesting_a_partition_reopens_what_only_it_retired(tmp_path):
         lines.append(json.dumps(row))
     corrected.write_text("\n".join(lines) + "\n")
     corrected_source = load_source(str(corrected))
-    for company, quarter in partitions_of(corrected_source, {"HLIO"}):
-        if quarter.month >= 7:
-            run_partition(store, company, quarter, corrected_source, components)
-    finish_graph(store, RuleJudge(), None, BuildReport(partitions=[]))
+    for partition in partitions_of(corrected_source, {"HLIO"}):
+        if partition[1].month >= 7:
+            run_partition(runtime, partition, corrected_source)
+    finish_graph(runtime)
     assert whitfield() == {True}
 
 

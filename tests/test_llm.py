@@ -32,7 +32,7 @@ from tkg.extract.offline import OfflineExtractor
 from tkg.ingest.chunking import chunk_transcript
 from tkg.ingest.parsing import parse_transcript
 from tkg.ingest.sources import load_source
-from tkg.invalidate.invalidation import EventView, JudgeCase, TripletView
+from tkg.invalidate.judges import EventView, JudgeCase, TripletView
 from tkg.llm.cache import ResponseCache
 from tkg.llm.client import LLMClient
 from tkg.llm.extractor import LLMExtractor, LLMJudge, OpenAIEmbedder, stage_fingerprint
@@ -332,23 +332,27 @@ def test_requests_carry_the_prompt_template_as_edited(make, fresh, sample_call, 
 
 
 def test_backend_follows_the_key_or_a_configured_server(monkeypatch):
-    from resources.tkg import ExtractionBackend
+    from resources.tkg import ExtractionBackend, TkgStorage, settings_of
+    from tkg.settings import Settings
 
-    assert ExtractionBackend().resolved_backend() == "offline"
-    assert ExtractionBackend(base_url="http://127.0.0.1:8000/v1").resolved_backend() == "openai"
+    def backend(**fields) -> str:  # as a Dagster step resolves it from its resources
+        return settings_of(TkgStorage(), extraction=ExtractionBackend(**fields)).backend
+
+    assert backend() == "offline" and Settings.resolve().backend == "offline"
+    assert backend(base_url="http://127.0.0.1:8000/v1") == "openai"
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
-    assert ExtractionBackend().resolved_backend() == "openai"
-    assert "openai-compatible at http://127.0.0.1:8000/v1" in ExtractionBackend().describe()
+    assert backend() == "openai"
+    assert "openai-compatible at http://127.0.0.1:8000/v1" in Settings.resolve().describe()
     monkeypatch.setenv("TKG_LLM", "offline")  # an explicit choice wins
-    assert ExtractionBackend().resolved_backend() == "offline"
+    assert backend() == "offline"
     monkeypatch.delenv("OPENAI_BASE_URL")
     monkeypatch.delenv("TKG_LLM")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
-    assert ExtractionBackend().resolved_backend() == "openai"
+    assert backend() == "openai"
 
 
 def test_a_partition_through_dagster_and_a_warm_rerun(fresh, tmp_path, monkeypatch, caplog):
-    from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
+    from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, settings_of
     from tkg_assets.definitions import pipeline_assets
     from tkg_assets.partitions import partition_key
 
@@ -359,9 +363,9 @@ def test_a_partition_through_dagster_and_a_warm_rerun(fresh, tmp_path, monkeypat
         "storage": TkgStorage(home=str(home)),
         "source": TranscriptSource(source="sample"),
         "extraction": ExtractionBackend(backend="openai", embeddings="openai", api_key=dg.EnvVar("OPENAI_API_KEY"),
-                                        base_url=fresh.base_url, home=str(home)),
+                                        base_url=fresh.base_url),
     }
-    partitioned, global_assets = pipeline_assets(resources["source"], resources["extraction"])
+    partitioned, global_assets = pipeline_assets(settings_of(resources["storage"], resources["source"], resources["extraction"]))
     PARTITIONED_ASSETS, GLOBAL_ASSETS = partitioned, global_assets[:-1]  # without the SQL models
     key = partition_key("QNTX", date(2024, 10, 1))
     (tmp_path / "instance").mkdir()
@@ -431,17 +435,24 @@ def test_random_429s_and_500s_lose_nothing(make, fresh, sample_call):
 
 
 def test_usage_rows_count_each_request_once(make, fresh, sample_call):
-    """One extractor serving several steps reports each step's own requests (what the provider saw)."""
+    """One extractor serving several steps: each step's usage is what its counters measured
+    while it ran (as the stage runner measures it), and together they are what the provider saw."""
     context, chunks = sample_call
     extractor, _, _ = make()
-    extractor.extract_statements(chunks[:4], context)
-    first = extractor.usage_rows("statements")
+
+    def measured(counters, work) -> dict[str, dict]:
+        before = {counter: extractor.stats(counter).snapshot() for counter in counters}
+        work()
+        rows = {counter: extractor.usage_row(counter, extractor.stats(counter).since(earlier))
+                for counter, earlier in before.items()}
+        return {counter: row for counter, row in rows.items() if row is not None}
+
+    first = measured(("statements",), lambda: extractor.extract_statements(chunks[:4], context))
     flat = [s for per_chunk in extractor.extract_statements(chunks[:4], context) for s in per_chunk]  # cached now
-    extractor.extract_triplets(flat, context)
-    second = extractor.usage_rows("triplets")
-    requests = {row["stage"]: row["requests"] for row in second}
-    assert sum(row["requests"] for row in first + second) == fresh.stats().requests["responses"]
-    assert requests["statements"] == 0 and requests["triplets"] > 0
+    second = measured(("statements", "triplets"), lambda: extractor.extract_triplets(flat, context))
+    assert sum(row["requests"] for row in [*first.values(), *second.values()]) == fresh.stats().requests["responses"]
+    assert first["statements"]["requests"] > 0 and second["statements"]["requests"] == 0
+    assert second["triplets"]["requests"] > 0 and second["triplets"]["stage"] == "triplets"
 
 
 def test_a_partial_batched_answer_is_reasked_as_a_batch_and_counted(make, fresh, sample_call):
@@ -464,5 +475,5 @@ def test_a_partial_batched_answer_is_reasked_as_a_batch_and_counted(make, fresh,
     # 8 asked: 4 answered; the other 4 as one batch: 2 answered; the last 2 alone.
     assert stats.requests == fresh.stats().requests["responses"] == 4
     assert stats.partial_answers == 2 and not stats.unanswered_items
-    (row,) = [row for row in extractor.usage_rows("temporal_events") if row["stage"] == "validity"]
-    assert row["partial_answers"] == 2 and row["requests"] == 4
+    row = extractor.usage_row("validity", stats)
+    assert row["stage"] == "validity" and row["partial_answers"] == 2 and row["requests"] == 4

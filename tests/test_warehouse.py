@@ -9,12 +9,10 @@ from dataclasses import replace
 import duckdb
 import pytest
 
+from tests.conftest import offline_runtime
+from tkg.build.catalog import raw_tables
 from tkg.build.graph import build_graph, partitions_of
-from tkg.build.stages import Components
-from tkg.core.embeddings import WordLlamaEmbedder
-from tkg.extract.offline import OfflineExtractor
 from tkg.ingest.sources import load_source
-from tkg.invalidate.invalidation import RuleJudge
 from tkg.store.parquet import ParquetStore
 from tkg.store.warehouse import applied_sha256, describe_model, load_models, model, publish, reapply_model
 
@@ -26,8 +24,7 @@ SURFACE = {"transcripts", "chunks", "statements", "events", "triplets", "entitie
 def sample_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("sample")
     source = load_source("sample")
-    build_graph(ParquetStore(home), source, partitions_of(source), Components(OfflineExtractor(), WordLlamaEmbedder()),
-                RuleJudge(), home / "tkg.duckdb")
+    build_graph(offline_runtime(home), source, partitions_of(source), home / "tkg.duckdb")
     return home
 
 
@@ -73,7 +70,7 @@ def test_publish_swaps_atomically_under_a_reader(sample_home, tmp_path):
     """A reader keeps the file it opened while a publish with different data swaps in; a new
     reader sees the new file."""
     target = tmp_path / "tkg.duckdb"
-    publish(ParquetStore(sample_home), target)
+    publish(ParquetStore(sample_home), target, raw_tables())
     # the next build has lost one call: its transcript is gone, and with it the call's facts
     smaller = tmp_path / "smaller"
     shutil.copytree(sample_home / "parquet", smaller / "parquet")
@@ -81,7 +78,7 @@ def test_publish_swaps_atomically_under_a_reader(sample_home, tmp_path):
     reader = duckdb.connect(str(target), read_only=True)
     try:
         before = facts_count(reader)
-        publish(ParquetStore(smaller), target)  # a reader holds the old file open: the publish must neither block nor fail
+        publish(ParquetStore(smaller), target, raw_tables())  # a reader holds the old file open: the publish must neither block nor fail
         assert facts_count(reader) == before  # still its snapshot
     finally:
         reader.close()
@@ -96,7 +93,7 @@ def test_changed_model_is_reapplied(sample_home, tmp_path):
     """A model whose SQL changed is re-created in the published file: the view answers with
     the new SQL, and the file records the new SQL's hash."""
     target = tmp_path / "tkg.duckdb"
-    publish(ParquetStore(sample_home), target)
+    publish(ParquetStore(sample_home), target, raw_tables())
     officers = model("officers")
     assert applied_sha256(target, officers) == officers.sha256
 

@@ -1,137 +1,109 @@
-"""Which extractor, judge and embedders run, and their code versions: plain Python.
+"""The models tkg runs with, behind small interfaces, bundled in one object the phases receive.
 
-`Backend` holds the settings that were chosen explicitly (by a Dagster resource, the CLI or a
-worker process); every field left unset falls back to its TKG_* variable (see README). The
-Dagster resource `resources.tkg.ExtractionBackend` wraps it, so planning a build and running
-workers never needs to import dagster.
+- an `Extractor` (tkg.extract.base): the offline rules, or prompts against an OpenAI-compatible
+  server (tkg.llm.extractor.LLMExtractor);
+- a `Judge` (tkg.invalidate.judges): the rule judge, or the LLM judge;
+- an `Embedder` (tkg.core.embeddings) for statements and entity descriptions: wordllama, or the
+  embeddings API; chunking always embeds with the local wordllama model.
+
+`open_providers(settings)` makes them from the settings; `fingerprints(settings)` says what
+shapes each stage's output without starting a client (the stages' code versions); reads
+(tkg.answer) get their client from `llm_client(settings)`. Every provider keeps usage counters
+(tkg.core.results.Counted) that the stage runner reads.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import Any
 
-from tkg.build.stages import Components
-from tkg.build.state import judge_code_version, stage_code_versions
-from tkg.core.embeddings import Embedder, WordLlamaEmbedder
+from tkg.core.embeddings import Embedder, WordLlamaEmbedder, wordllama_name
+from tkg.core.results import StageStats
 from tkg.extract.base import Extractor
 from tkg.extract.offline import OfflineExtractor
-from tkg.invalidate.invalidation import Judge, RuleJudge
-from tkg.llm.settings import LLMSettings, choose_backend, choose_embeddings, settings_from_env
-
-# The fields a worker process needs to build the same components (the key is not one of them:
-# workers read OPENAI_API_KEY from the environment they inherit).
-EXPLICIT_FIELDS = ("backend", "embeddings", "base_url", "api_mode", "batch_size", "max_in_flight", "service_tier", "cache")
+from tkg.ingest.chunking import ChunkingSettings
+from tkg.invalidate.judges import Judge, RuleJudge
+from tkg.settings import Settings
 
 
-def default_home() -> str:
-    return os.environ.get("TKG_HOME", os.path.join(os.getcwd(), "tkg_data"))
+@dataclass
+class Providers:
+    extractor: Extractor
+    judge: Judge
+    embedder: Embedder  # statements and entity descriptions
+    chunk_embedder: Embedder = field(default_factory=WordLlamaEmbedder)  # sentence windows, always local
+    chunking: ChunkingSettings = field(default_factory=ChunkingSettings)
+
+    def _owner(self, counter: str) -> Any:
+        for provider in (self.extractor, self.embedder, self.judge):
+            if counter in provider.counters:
+                return provider
+        return None
+
+    def stats(self, counter: str) -> StageStats | None:
+        """The usage counter `counter` (None when no provider keeps it, e.g. local embeddings)."""
+        owner = self._owner(counter)
+        return owner.stats(counter) if owner is not None else None
+
+    def usage_row(self, counter: str, usage: StageStats) -> dict[str, Any] | None:
+        """A row of `llm_calls` for `usage` of `counter`; None for providers that pay for nothing."""
+        owner = self._owner(counter)
+        return owner.usage_row(counter, usage) if owner is not None and not usage.idle else None
 
 
-def allow_partial_from_env() -> bool:
-    return os.environ.get("TKG_ALLOW_PARTIAL", "") not in ("", "0", "false")
+def llm_client(settings: Settings, api_key: str | None = None):
+    """The process's client for the configured server (one per configuration, sharing one
+    request limiter) and the response cache: what the LLM providers and the answer agent use."""
+    from tkg.llm.cache import open_cache
+    from tkg.llm.extractor import shared_client
+
+    return shared_client(settings.llm, api_key or os.environ.get("OPENAI_API_KEY")), open_cache(settings.home, settings.cache)
+
+
+def open_providers(settings: Settings, api_key: str | None = None) -> Providers:
+    """The providers `settings` choose. With the offline backend nothing starts a client."""
+    if settings.offline:
+        extractor, judge = OfflineExtractor(), RuleJudge()
+    else:
+        from tkg.llm.extractor import LLMExtractor, LLMJudge
+
+        client, cache = llm_client(settings, api_key)
+        extractor, judge = LLMExtractor(client, cache), LLMJudge(client, cache)
+    return Providers(extractor, judge, open_embedder(settings, api_key))
+
+
+def open_embedder(settings: Settings, api_key: str | None = None) -> Embedder:
+    """The statement embedder `settings` choose (what the graph's vectors and questions use)."""
+    if settings.embeddings == "wordllama":
+        return WordLlamaEmbedder()
+    from tkg.llm.extractor import OpenAIEmbedder
+
+    return OpenAIEmbedder(*llm_client(settings, api_key))
 
 
 @dataclass(frozen=True)
-class Backend:
-    backend: str | None = None  # openai | offline (TKG_LLM)
-    embeddings: str | None = None  # openai | wordllama (TKG_EMBEDDINGS)
-    api_key: str | None = field(default=None, repr=False)
-    base_url: str | None = None
-    api_mode: str | None = None
-    batch_size: int | None = None
-    max_in_flight: int | None = None
-    service_tier: str | None = None
-    cache: str | None = field(default=None, repr=False)  # postgresql://... (TKG_CACHE); may hold a password
-    home: str = field(default_factory=default_home)
-    allow_partial: bool = field(default_factory=allow_partial_from_env)
+class Fingerprints:
+    """What shapes each stage's output besides its inputs, computed from the settings alone: the
+    stage catalog (tkg.build.catalog) turns these into code versions."""
 
-    def llm_settings(self) -> LLMSettings:
-        overrides = {name: getattr(self, name) for name in ("base_url", "api_mode", "batch_size", "max_in_flight", "service_tier")
-                     if getattr(self, name) is not None}
-        return replace(settings_from_env(), **overrides)
+    extractor: Callable[[str], str]  # task -> hash of its prompt template (or rule set), model and settings
+    judge: str  # the judge's code version: its name and what decides its verdicts
+    embedder: str  # the statement embedder's name
+    chunk_embedder: str = wordllama_name()
+    chunking: ChunkingSettings = ChunkingSettings()
 
-    def resolved_backend(self) -> str:
-        return choose_backend(self.backend, self.base_url)
 
-    def _embeddings(self) -> str:
-        return choose_embeddings(self.embeddings, self.resolved_backend())
-
-    def _llm(self):
-        from tkg.llm.cache import open_cache
-        from tkg.llm.extractor import shared_client
-
-        return (shared_client(self.llm_settings(), self.api_key or os.environ.get("OPENAI_API_KEY")),
-                open_cache(self.home, self.cache))
-
-    def extractor(self) -> Extractor:
-        if self.resolved_backend() == "offline":
-            return OfflineExtractor()
-        from tkg.llm.extractor import LLMExtractor
-
-        return LLMExtractor(*self._llm())
-
-    def judge(self) -> Judge:
-        if self.resolved_backend() == "offline":
-            return RuleJudge()
-        from tkg.llm.extractor import LLMJudge
-
-        return LLMJudge(*self._llm())
-
-    def embedder(self) -> Embedder:
-        """Statement and entity-description embeddings."""
-        if self._embeddings() == "wordllama":
-            return WordLlamaEmbedder()
-        from tkg.llm.extractor import OpenAIEmbedder
-
-        return OpenAIEmbedder(*self._llm())
-
-    def chunk_embedder(self) -> Embedder:
-        """Chunking embeds every sentence window: always the local model, never worth paying for."""
-        return WordLlamaEmbedder()
-
-    def components(self) -> Components:
-        """The extractor and embedders the partitioned stages run with."""
-        return Components(self.extractor(), self.embedder(), self.chunk_embedder(), allow_partial=self.allow_partial)
-
-    def describe(self) -> str:
-        """One line for logs: backend, models, server, batching. Never the key."""
-        backend, embeddings = self.resolved_backend(), self._embeddings()
-        if backend == "offline":
-            return f"offline rules and judge, {embeddings} embeddings"
-        settings = self.llm_settings()
-        return (f"openai-compatible at {settings.base_url or 'api.openai.com'} ({settings.api_mode} API), "
-                f"models {settings.models}, batch size {settings.batch_size}, at most {settings.max_in_flight} in flight, "
-                f"{embeddings} embeddings")
-
-    def explicit_fields(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in EXPLICIT_FIELDS if getattr(self, name) is not None}
-
-    def _fingerprint(self) -> Callable[[str], str]:
-        if self.resolved_backend() == "offline":
-            return OfflineExtractor().settings_fingerprint
+def fingerprints(settings: Settings) -> Fingerprints:
+    if settings.offline:
+        extractor = OfflineExtractor().settings_fingerprint
+        judge = f"{RuleJudge.name}:{RuleJudge().settings_fingerprint('judge')}"
+    else:
         from tkg.llm.extractor import stage_fingerprint
 
-        settings = self.llm_settings()
-        return lambda stage: stage_fingerprint(settings, stage)
+        def extractor(task: str) -> str:
+            return stage_fingerprint(settings.llm, task)
 
-    def embedder_name(self) -> str:
-        if self._embeddings() == "wordllama":
-            return WordLlamaEmbedder().name
-        settings = self.llm_settings()
-        return f"{settings.embedding_model}-{settings.embedding_dimensions}"
-
-    def code_versions(self) -> dict[str, str]:
-        """The code version of every partitioned stage (a hash of the prompt template, model and
-        settings, or of the rule set), without starting a client: a new prompt or model marks
-        the asset stale in the UI and makes `tkg build` rebuild what it shapes."""
-        return stage_code_versions(self._fingerprint(), self.embedder_name(), WordLlamaEmbedder().name)
-
-    def judge_code_version(self) -> str:
-        if self.resolved_backend() == "offline":
-            return judge_code_version(RuleJudge.name, RuleJudge().settings_fingerprint("judge"))
-        return judge_code_version(f"llm:{self.llm_settings().model('judge')}", self._fingerprint()("judge"))
-
-    def as_fields(self) -> dict[str, object]:
-        return {key: value for key, value in asdict(self).items() if key not in ("api_key", "cache")}
+        judge = f"llm:{settings.llm.model('judge')}:{extractor('judge')}"
+    return Fingerprints(extractor=extractor, judge=judge, embedder=settings.embedder_name())

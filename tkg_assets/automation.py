@@ -3,22 +3,29 @@
 
 import dagster as dg
 
+from tkg.build.catalog import GLOBAL, Stage
+from tkg_assets.partitions import partition_key
+
 # Global assets sit behind an all-partitions dependency: plain eager() would never fire while
 # any company x quarter partition is missing, which is normal (quarters not yet reported).
-CANONICAL_AUTOMATION = dg.AutomationCondition.eager().without(~dg.AutomationCondition.any_deps_missing())
-# Invalidation also reads canonical_entities, a global input: it waits until that exists and is
-# not being materialised (a first backfill would otherwise request it alone, and fail).
-INVALIDATION_AUTOMATION = (
-    CANONICAL_AUTOMATION & ~dg.AutomationCondition.any_deps_missing().allow(dg.AssetSelection.assets("canonical_entities"))
-).with_label("eager, once canonical_entities exists")
+GLOBAL_AUTOMATION = dg.AutomationCondition.eager().without(~dg.AutomationCondition.any_deps_missing())
+
+
+def global_automation(stage: Stage) -> dg.AutomationCondition:
+    """Eager over all partitions; a global stage that also reads other global stages waits
+    until they exist and are not being materialised (a first backfill would otherwise request
+    it alone, and fail)."""
+    upstream = [name for name in stage.inputs if name in {other.name for other in GLOBAL}]
+    if not upstream:
+        return GLOBAL_AUTOMATION
+    return (GLOBAL_AUTOMATION & ~dg.AutomationCondition.any_deps_missing().allow(dg.AssetSelection.assets(*upstream))
+            ).with_label(f"eager, once {' and '.join(upstream)} exist{'s' if len(upstream) == 1 else ''}")
 
 
 def stale_partition_requests(plan) -> list[dg.RunRequest]:
     """One run per stale partition (a `tkg.build.plan.BuildPlan`), oldest first, materialising only the
     stages that are out of date. The run key carries the partition's reason and stages, so a
     tick repeats no request while the same work is pending, and a new change asks again."""
-    from tkg_assets.partitions import partition_key
-
     requests = []
     for work in plan.work:
         key = partition_key(*work.partition)
@@ -42,6 +49,6 @@ def refresh_after(selection: dg.AssetSelection, label: str) -> dg.AutomationCond
 
 # The warehouse publishes once resolution and invalidation have caught up, not after every
 # partition step; SQL models refresh when the warehouse (or a model they select from) does.
-WAREHOUSE_AUTOMATION = refresh_after(dg.AssetSelection.groups("resolution", "retention"),
-                                     "after resolution, invalidation and retention")
+WAREHOUSE_AUTOMATION = refresh_after(dg.AssetSelection.assets(*(stage.name for stage in GLOBAL)),
+                                     "after the global stages (resolution, invalidation, retention)")
 SQL_MODEL_AUTOMATION = refresh_after(dg.AssetSelection.groups("warehouse", "sql_models"), "after the warehouse publishes")

@@ -12,15 +12,21 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
-from tkg.build.runner import PartitionOutcome, PartitionTask, run_partitions, spec_for
+from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, settings_of
+from tkg.build import catalog
+from tkg.build.runner import PartitionOutcome, PartitionTask, run_partitions
 from tkg.core.partitions import parse_key
 from tkg.core.versions import Stamp
 from tkg_assets.assets.common import stage_metadata, version_tags
 from tkg_assets.partitions import partition_key
 
-# Callbacks the CLI registers to follow the op's progress in its own process.
-observers: list[Callable[[PartitionOutcome], None]] = []
+# Who follows a build as its partitions land: `tkg build`'s progress bar, in its own process
+# (the `progress` resource); nobody when the job runs elsewhere.
+Progress = Callable[[PartitionOutcome], None]
+
+
+def no_progress(outcome: PartitionOutcome) -> None:
+    return None
 
 
 class PartitionsToBuild(dg.Config):
@@ -35,17 +41,16 @@ class PartitionsToBuild(dg.Config):
 @dg.op(out={}, description="Rebuild the stale stages of many partitions in worker processes, and record each stage's "
                    "materialisation as its partition lands.")
 def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToBuild, storage: TkgStorage,
-                           source: TranscriptSource, extraction: ExtractionBackend):
+                           source: TranscriptSource, extraction: ExtractionBackend, progress: dg.ResourceParam[Progress]):
     tasks = []
     for key, stages in config.stages.items():
         company, quarter = parse_key(key)
         tasks.append(PartitionTask(company, quarter, tuple(stages), config.reasons.get(key, "")))
-    context.log.info(f"building {len(tasks)} partition(s) with {config.workers} worker(s); {extraction.describe()}")
+    settings = settings_of(storage, source, extraction)
+    context.log.info(f"building {len(tasks)} partition(s) with {config.workers} worker(s); {settings.describe()}")
     failed: list[PartitionOutcome] = []
-    spec = spec_for(extraction.plain(), source.source, config.workers, config.log_level, storage.store.uri)
-    for outcome in run_partitions(spec, tasks, config.workers):
-        for observer in observers:
-            observer(outcome)
+    for outcome in run_partitions(settings.for_workers(config.workers), tasks, config.workers, config.log_level):
+        progress(outcome)
         if not outcome.ok:
             failed.append(outcome)
             context.log.error(f"{outcome.key}: {outcome.error}" + (f"\n{outcome.detail}" if outcome.detail else ""))
@@ -53,7 +58,7 @@ def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToB
         key = partition_key(outcome.task.company, outcome.task.quarter)
         for report in outcome.reports:
             yield dg.AssetMaterialization(asset_key=report.stage, partition=key, metadata=stage_metadata(report),
-                                          tags=version_tags(report.stage, Stamp.from_json(report.stamp)))
+                                          tags=version_tags(catalog.stage(report.stage), Stamp.from_json(report.stamp)))
     if failed:
         raise dg.Failure(
             description=f"{len(failed)} of {len(tasks)} partition(s) failed and kept their last good output: "

@@ -1,33 +1,33 @@
 """The one Definitions object of tkg: `dagster dev -w workspace.yaml` loads this module.
 
-`build_definitions` makes it from three resources, so the partition space and the code
-versions follow the settings: `dagster dev` passes the ones the environment gives (below),
-`tkg build` passes its own (never by writing them into os.environ).
+`build_definitions` makes it from resolved settings (tkg.settings), so the partition space and
+the code versions follow them: the code location passes the ones the environment gives
+(below), `tkg build` passes its own (never by writing them into os.environ).
 """
 
 import os
 
 import dagster as dg
 
-from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, extraction_backend_from_env
-from tkg_assets.assets.extraction import extraction_assets
-from tkg_assets.assets.ingestion import ingestion_assets
-from tkg_assets.assets.resolution import canonical_entities, invalidation_asset
-from tkg_assets.assets.retention import retention_asset
+from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, resources_for, settings_of
+from tkg.build import catalog
+from tkg.build.plan import plan_build
+from tkg.ingest.sources import describe, load_source
+from tkg.providers import fingerprints
+from tkg.settings import Settings
+from tkg_assets.assets.stages import stage_assets
 from tkg_assets.assets.warehouse import sql_models, warehouse
 from tkg_assets.automation import stale_partition_requests
-from tkg_assets.batch import build_partitions
+from tkg_assets.batch import Progress, build_partitions, no_progress
 from tkg_assets.partitions import partition_space
 
 
-def pipeline_assets(source: TranscriptSource, extraction: ExtractionBackend) -> tuple[list, list]:
+def pipeline_assets(settings: Settings) -> tuple[list, list]:
     """The partitioned assets (over the source's partition space, with the backend's code
-    versions) and the global ones."""
-    partitions_def = partition_space(source.source)
-    code_versions = extraction.code_versions()
-    partitioned = [*ingestion_assets(partitions_def, code_versions), *extraction_assets(partitions_def, code_versions)]
-    return partitioned, [canonical_entities, invalidation_asset(extraction.judge_code_version()), retention_asset(), warehouse,
-                         sql_models]
+    versions) and the global ones, from the stage catalog."""
+    assets = stage_assets(partition_space(settings.source), catalog.code_versions(fingerprints(settings)))
+    partitioned = [asset for asset in assets if asset.partitions_def is not None]
+    return partitioned, [*(asset for asset in assets if asset.partitions_def is None), warehouse, sql_models]
 
 
 def executor_from_env() -> dg.ExecutorDefinition | None:
@@ -50,9 +50,11 @@ def executor_from_env() -> dg.ExecutorDefinition | None:
     raise ValueError(f"TKG_EXECUTOR={choice!r} is not an executor tkg knows; use 'multiprocess' (the default) or 'celery'")
 
 
-def build_definitions(storage: TkgStorage, source: TranscriptSource, extraction: ExtractionBackend,
-                      executor: dg.ExecutorDefinition | None = None) -> dg.Definitions:
-    partitioned, global_assets = pipeline_assets(source, extraction)
+def build_definitions(settings: Settings, executor: dg.ExecutorDefinition | None = None,
+                      progress: Progress = no_progress) -> dg.Definitions:
+    """The definitions for `settings`; `progress` follows the partitions `build_partitions`
+    builds (tkg build's progress bar, in its own process)."""
+    partitioned, global_assets = pipeline_assets(settings)
     partitions_def = partitioned[0].partitions_def
 
     ingest_partition = dg.define_asset_job(
@@ -69,15 +71,12 @@ def build_definitions(storage: TkgStorage, source: TranscriptSource, extraction:
         source rows, and partitions whose code version (prompt, model, rules) changed, each from
         its first stale stage. Calls arrive weeks after quarter end, so a weekly look beats a
         quarterly cron. The automation sensor then refreshes the global assets."""
-        from tkg.build.plan import plan_build
-        from tkg.build.state import global_code_versions
-
-        loaded = source.load()
-        plan = plan_build(storage.store, loaded, loaded.partitions(), extraction.code_versions(),
-                          global_code_versions(extraction.judge_code_version()))
+        current = settings_of(storage, source, extraction)
+        loaded = load_source(current.source)
+        plan = plan_build(current.store(), loaded, loaded.partitions(), catalog.code_versions(fingerprints(current)))
         for problem in loaded.problems:
             context.log.warning(f"source row skipped: {problem}")
-        return stale_partition_requests(plan) or dg.SkipReason(f"every partition of {source.describe()} is up to date")
+        return stale_partition_requests(plan) or dg.SkipReason(f"every partition of {describe(current.source)} is up to date")
 
     automation = dg.AutomationConditionSensorDefinition(
         "tkg_automation",
@@ -90,11 +89,11 @@ def build_definitions(storage: TkgStorage, source: TranscriptSource, extraction:
         jobs=[ingest_partition, refresh_graph, build_partitions],
         schedules=[weekly_new_transcripts],
         sensors=[automation],
-        resources={"storage": storage, "source": source, "extraction": extraction},
+        resources={**resources_for(settings), "progress": progress},
         executor=executor,
     )
 
 
 # `tkg build` runs its jobs in its own process (build_definitions without an executor); the
 # daemon, the UI and the workers of a distributed deploy load this, with TKG_EXECUTOR's executor.
-defs = build_definitions(TkgStorage(), TranscriptSource(), extraction_backend_from_env(), executor=executor_from_env())
+defs = build_definitions(Settings.resolve(), executor=executor_from_env())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from tkg.core.machine import process_alive, usable_cores
 from tkg.core.paths import CONFIG_DIR
 from tkg.store.parquet import locked
 from tkg_assets.assets.common import RUN_HOST_TAG, RUN_PID_TAG
@@ -26,8 +27,7 @@ MANAGED_MARKER = "# managed by tkg"
 
 
 def instance_config(dagster_home: Path) -> str:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return TEMPLATE.read_text().replace("{max_concurrent_runs}", str(max(1, cores))).replace("{dagster_home}", str(dagster_home))
+    return TEMPLATE.read_text().replace("{max_concurrent_runs}", str(max(1, usable_cores()))).replace("{dagster_home}", str(dagster_home))
 
 
 def prepare_dagster_home(dagster_home: Path) -> None:
@@ -62,15 +62,6 @@ def run_tags() -> dict[str, str]:
     return {RUN_PID_TAG: str(os.getpid()), RUN_HOST_TAG: socket.gethostname()}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
     """Mark failed the runs a killed tkg process left in progress on this host."""
@@ -79,7 +70,7 @@ def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
                    dg.DagsterRunStatus.CANCELING]
     for run in instance.get_runs(dg.RunsFilter(statuses=in_progress, tags={RUN_HOST_TAG: socket.gethostname()})):
         pid = run.tags.get(RUN_PID_TAG, "")
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             instance.report_run_failed(run, message=f"the tkg process running it (pid {pid}) is gone (killed?); "
                                                     "marked failed at the next start")
             orphaned.append(run.run_id)
@@ -118,3 +109,25 @@ def run_in_process(defs: dg.Definitions, job_name: str, instance: dg.DagsterInst
     run = instance.create_run_for_job(job_def=job.get_definition(), run_config=run_config, tags=tags, execution_plan=plan,
                                       remote_job_origin=origin)
     return execute_run(job, run, instance)
+
+
+def run_failure(result, job_name: str) -> str | None:
+    """None for a successful run, else the first step failure's message. A run stopped by
+    Ctrl-C (Dagster records it and returns) is re-raised as KeyboardInterrupt."""
+    from dagster._core.execution.plan.objects import ErrorSource
+
+    if result.success:
+        return None
+    for event in result.all_events:
+        data = event.step_failure_data if event.is_step_failure else None
+        if data is not None and data.error_source == ErrorSource.INTERRUPT:
+            raise KeyboardInterrupt
+        if data is not None and data.error is not None:
+            error = data.error
+            while error.cause is not None and error.cls_name in ("DagsterExecutionStepExecutionError",):
+                error = error.cause  # Dagster's wrapper: the user code's own error says what is wrong
+            message = error.message.strip().splitlines()[-1]
+            return f"{event.step_key}: {message if error.cls_name in message else f'{error.cls_name}: {message}'}"
+    if any(event.event_type == dg.DagsterEventType.RUN_CANCELED for event in result.all_events):
+        raise KeyboardInterrupt
+    return f"the {job_name} run failed; see `tkg dev` for its log"

@@ -33,12 +33,13 @@ from pydantic import BaseModel
 from tkg.answer.ask import Answer, ToolCall
 from tkg.answer.query import _FACT_COLUMNS, EntityMatch, Fact, Graph, QueryError
 from tkg.core.models import PREDICATE_DEFINITIONS, Predicate
-from tkg.extract.base import StageStats
+from tkg.core.results import StageStats
 from tkg.llm.cache import ResponseCache, cache_key, normalise
 from tkg.llm.client import LLMClient, RequestFailed
 from tkg.llm.prompts import RenderedPrompt, render
-from tkg.llm.wire import InvalidOutput
-from tkg.providers import Backend
+from tkg.llm.wire import InvalidOutput, load_list
+from tkg.providers import llm_client
+from tkg.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +62,7 @@ class PlanOut(BaseModel):
 
 def parse_plan(text: str) -> list[str]:
     """The research tasks of a planner answer; tolerates a code fence. InvalidOutput otherwise."""
-    stripped = re.sub(r"^\s*```(?:json)?\s*|\s*```\s*$", "", text or "")
-    try:
-        document = json.loads(stripped)
-    except json.JSONDecodeError as error:
-        raise InvalidOutput(f"the answer is not valid JSON ({error.msg} at position {error.pos})") from None
-    tasks = document.get("research_tasks") if isinstance(document, dict) else None
-    if not isinstance(tasks, list):
-        raise InvalidOutput('the answer must be a JSON object with a list of strings under "research_tasks"')
-    return [" ".join(str(task).split()) for task in tasks if str(task).strip()]
+    return [" ".join(str(task).split()) for task in load_list(text, "research_tasks") if str(task).strip()]
 
 
 # --- the tools ------------------------------------------------------------------------------------
@@ -464,19 +457,18 @@ def _arguments(text: str) -> tuple[dict[str, Any], str | None]:
     return value, None
 
 
-def answer_with_model(graph: Graph, question: str, backend: Backend | None = None, max_steps: int = 8, limit: int = 10,
+def answer_with_model(graph: Graph, question: str, settings: Settings | None = None, max_steps: int = 8, limit: int = 10,
                       *, stats: StageStats | None = None) -> Answer:
     """Plan, call tools until the model answers, and return its answer with the facts it cites
     first. A model turn is a step; after `max_steps` turns without an answer it stops, with
     `answer=None` and the reason in `note`. Requests, cache hits and tokens are counted into
-    `stats` (the "ask" stage) when given. The backend's cache (under its home, by default the
+    `stats` (the "ask" stage) when given. The settings' cache (under its home, by default the
     graph's folder) replays answered inputs."""
     if not question or not question.strip():
         raise QueryError("the question is empty")
     if max_steps < 1:
         raise QueryError(f"max_steps must be at least 1, got {max_steps}")
-    backend = backend or Backend(home=str(graph.path.parent))
-    client, cache = backend._llm()
+    client, cache = llm_client(settings or Settings.resolve(home=graph.path.parent))
     stats = stats if stats is not None else StageStats()
     session = _Session(client, cache, stats)
     notes: list[str] = []

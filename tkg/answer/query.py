@@ -24,9 +24,12 @@ import duckdb
 import numpy as np
 from rapidfuzz import fuzz, process
 
+from tkg.core.embeddings import WordLlamaEmbedder
 from tkg.core.models import PREDICATE_DEFINITIONS, Predicate
 from tkg.core.names import fold, organisation_key
+from tkg.providers import open_embedder
 from tkg.resolve.resolution import parse_person, people_match
+from tkg.settings import Settings
 
 NEVER = datetime.max.replace(tzinfo=timezone.utc)
 EVER = datetime.min.replace(tzinfo=timezone.utc)
@@ -225,11 +228,8 @@ class Graph:
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> Graph:
-        if path is None:
-            from tkg.providers import default_home
-
-            path = Path(default_home()) / "tkg.duckdb"
-        path = Path(path)
+        """The published file at `path`, else the one the settings name (TKG_DUCKDB, TKG_HOME)."""
+        path = Path(path) if path is not None else Settings.resolve().warehouse
         if not path.exists():
             raise QueryError(f"{path} does not exist; run `tkg build` first (or point TKG_HOME at a built graph)")
         config = {"enable_external_access": False, "autoinstall_known_extensions": False,
@@ -381,20 +381,17 @@ class Graph:
         """The model the graph's statement vectors come from (raw.build_info), so questions are
         embedded in the same space: wordllama offline, the configured embeddings API otherwise."""
         if self._embedder is None:
-            from tkg.core.embeddings import WordLlamaEmbedder
-            from tkg.providers import Backend
-
             row = self.connection.execute("SELECT value FROM raw.build_info WHERE key = 'embedder'").fetchone()
             built_with = row[0] if row else None
             local = WordLlamaEmbedder()
             if built_with is None or built_with == local.name:
                 self._embedder = local
             else:
-                backend = Backend(embeddings="openai")
-                if backend.embedder_name() != built_with:
+                settings = Settings.resolve(home=self.path.parent, embeddings="openai")
+                if settings.embedder_name() != built_with:
                     raise QueryError(f"the graph's statements were embedded with {built_with}, but the configured embeddings "
-                                     f"are {backend.embedder_name()}; set TKG_EMBEDDING_MODEL/TKG_EMBEDDING_DIMENSIONS to match")
-                self._embedder = backend.embedder()
+                                     f"are {settings.embedder_name()}; set TKG_EMBEDDING_MODEL/TKG_EMBEDDING_DIMENSIONS to match")
+                self._embedder = open_embedder(settings)
         return self._embedder
 
     def embed(self, text: str) -> list[float]:

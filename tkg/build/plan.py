@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tkg.build import catalog
+from tkg.build.catalog import downstream_of
 from tkg.build.state import (
-    PARTITIONED_STAGES,
-    STAGE_INPUTS,
     HalfBuilt,
     consistent_versions,
-    downstream_of,
     global_stamps,
+    outside_versions,
     partition_stamps,
-    source_inputs,
     stale_globals,
     stored_partitions,
     warehouse_inputs,
@@ -57,17 +56,17 @@ class BuildPlan:
 def expected_stamps(rows, company: str, code_versions: dict[str, str]) -> dict[str, Stamp]:
     """The stamps a partition's stages would carry if built now from `rows`."""
     stamps: dict[str, Stamp] = {}
-    for stage in PARTITIONED_STAGES:
-        inputs = source_inputs(rows, company) if stage == "transcripts" else {
-            upstream: stamps[upstream].version for upstream in STAGE_INPUTS[stage]}
-        stamps[stage] = Stamp(stage, code_versions[stage], inputs)
+    for stage in catalog.PARTITIONED:
+        inputs = outside_versions(stage, rows, company)
+        inputs.update({upstream: stamps[upstream].version for upstream in stage.inputs})
+        stamps[stage.name] = Stamp(stage.name, code_versions[stage.name], inputs)
     return stamps
 
 
 def _stale_stages(expected: dict[str, Stamp], stored: dict[str, Stamp | None]) -> tuple[set[str], str]:
     stale: set[str] = set()
     reasons: list[str] = []
-    for stage in PARTITIONED_STAGES:
+    for stage in catalog.PARTITIONED_NAMES:
         have, want = stored[stage], expected[stage]
         if have is None:
             stale.add(stage)
@@ -84,17 +83,17 @@ def _stale_stages(expected: dict[str, Stamp], stored: dict[str, Stamp | None]) -
                 changed = [name for name in ("source", "company") if have.inputs.get(name) != want.inputs.get(name)]
                 reasons.append("source rows changed" if changed == ["source"] else "company registry entry changed"
                                if changed == ["company"] else "source and registry changed")
-            elif not any(upstream in stale for upstream in STAGE_INPUTS[stage]):
+            elif not any(upstream in stale for upstream in catalog.stage(stage).inputs):
                 reasons.append(f"{stage} half-built")
     if not stale:
         return stale, ""
-    if all(stored[stage] is None for stage in PARTITIONED_STAGES):
-        return set(PARTITIONED_STAGES), "new"
+    if all(stored[stage] is None for stage in catalog.PARTITIONED_NAMES):
+        return set(catalog.PARTITIONED_NAMES), "new"
     return downstream_of(stale), "; ".join(reasons)
 
 
 def plan_build(store: ParquetStore, source: LoadedSource, selection: list[Partition], code_versions: dict[str, str],
-               global_code_versions: dict[str, str], force: bool = False, warehouse_stamp: Stamp | None = None) -> BuildPlan:
+               force: bool = False, warehouse_stamp: Stamp | None = None) -> BuildPlan:
     """Compare what the store holds with what `selection` (partitions of `source`) should hold."""
     plan = BuildPlan()
     problems = source.problem_partitions()
@@ -106,7 +105,7 @@ def plan_build(store: ParquetStore, source: LoadedSource, selection: list[Partit
         expected = expected_stamps(source.rows_for(*partition), partition[0], code_versions)
         stages, reason = _stale_stages(expected, stored)
         if force:
-            stages, reason = set(PARTITIONED_STAGES), reason or "forced"
+            stages, reason = set(catalog.PARTITIONED_NAMES), reason or "forced"
         if stages:
             plan.work.append(PartitionPlan(partition, frozenset(stages), reason))
         else:
@@ -118,23 +117,23 @@ def plan_build(store: ParquetStore, source: LoadedSource, selection: list[Partit
     elif force:
         plan.global_reasons.append("forced")
     else:
-        plan.global_reasons.extend(global_staleness(store, global_code_versions, warehouse_stamp))
+        plan.global_reasons.extend(global_staleness(store, code_versions, warehouse_stamp))
     return plan
 
 
-def global_staleness(store: ParquetStore, global_code_versions: dict[str, str], warehouse_stamp: Stamp | None) -> list[str]:
+def global_staleness(store: ParquetStore, code_versions: dict[str, str], warehouse_stamp: Stamp | None) -> list[str]:
     """Why the global steps must run although no partition changed (empty: they need not)."""
     try:
         versions = consistent_versions(store)
     except HalfBuilt as error:
         return [str(error)]
     stamps = global_stamps(store)
-    reasons = stale_globals(versions, stamps, global_code_versions)
+    reasons = stale_globals(versions, stamps, code_versions)
     if reasons:
         return reasons
     if warehouse_stamp is None:
         return ["warehouse not published"]
-    if warehouse_stamp.code_version != global_code_versions["warehouse"]:
+    if warehouse_stamp.code_version != code_versions["warehouse"]:
         return ["code changed: warehouse (SQL models)"]
     if warehouse_stamp.inputs != warehouse_inputs(versions, stamps):
         return ["warehouse older than its inputs"]

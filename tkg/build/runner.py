@@ -19,26 +19,18 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
+from tkg.build.stages import Runtime, build_partition
+from tkg.core.results import StageIncomplete
+from tkg.ingest.sources import load_source
+from tkg.settings import Settings
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """Everything a worker needs to build its own components (never the API key: workers read
-    OPENAI_API_KEY from the environment they inherit)."""
-
-    home: str
-    source: str
-    extraction: dict[str, Any]  # the ExtractionBackend fields that were set
-    allow_partial: bool = False
-    log_level: str = "WARNING"  # of tkg's loggers in the workers
-    storage: str | None = None  # the Parquet store's URI (TKG_STORAGE); None: <home>/parquet
 
 
 @dataclass(frozen=True)
@@ -60,7 +52,7 @@ class StageReport:
     stamp: str  # Stamp.to_json()
     counts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
     missing: dict[str, int] = field(default_factory=dict)
 
 
@@ -81,49 +73,38 @@ class PartitionOutcome:
         return f"{self.task.company}|{self.task.quarter.isoformat()}"
 
 
-def spec_for(backend, source: str, workers: int, log_level: str = "WARNING", storage: str | None = None) -> BackendSpec:
-    """What workers build with, from a `tkg.providers.Backend`: the request limit is per process,
-    so it is split between the workers, which together keep to it."""
-    fields = backend.explicit_fields()
-    fields["max_in_flight"] = max(1, backend.llm_settings().max_in_flight // max(1, workers))
-    return BackendSpec(home=backend.home, source=source, extraction=fields, allow_partial=backend.allow_partial,
-                       log_level=log_level, storage=storage)
-
-
 def report_of(stage: str, result) -> StageReport:
     table = result.table
     return StageReport(stage=stage, rows=table.num_rows, columns=[(f.name, str(f.type)) for f in table.schema],
                        path=str(result.path), stamp=result.stamp.to_json(),
                        counts={key: int(value) for key, value in result.counts.items()}, notes=list(result.notes),
-                       extra=dict(result.extra), missing={key: int(value) for key, value in result.missing.items()})
+                       metadata=dict(result.metadata), missing={key: int(value) for key, value in result.missing.items()})
 
 
 # --- in a worker -----------------------------------------------------------------------------
 
-_COMPONENTS: dict[str, Any] = {}
+_RUNTIMES: dict[str, Any] = {}
 
 
-def _components(spec: BackendSpec):
-    identity = repr(spec)
-    if identity not in _COMPONENTS:
-        from tkg.providers import Backend
-
-        _COMPONENTS[identity] = Backend(home=spec.home, allow_partial=spec.allow_partial, **spec.extraction).components()
-    return _COMPONENTS[identity]
+def _identity(settings: Settings) -> str:
+    return f"{settings!r} cache={settings.cache!r}"  # the cache URL is left out of repr
 
 
-def build_one(spec: BackendSpec, task: PartitionTask) -> PartitionOutcome:
+def _runtime(settings: Settings) -> Runtime:
+    """One runtime (providers, code versions, store) per process and settings."""
+    identity = _identity(settings)
+    if identity not in _RUNTIMES:
+        _RUNTIMES[identity] = Runtime.open(settings)
+    return _RUNTIMES[identity]
+
+
+def build_one(settings: Settings, task: PartitionTask) -> PartitionOutcome:
     """Rebuild one partition's stale stages; every error is caught and described."""
-    from tkg.build.stages import StageIncomplete, build_partition
-    from tkg.ingest.sources import load_source
-    from tkg.store.parquet import ParquetStore
-
     started = time.perf_counter()
     outcome = PartitionOutcome(task)
     try:
-        rows = load_source(spec.source).rows_for(task.company, task.quarter)
-        results = build_partition(ParquetStore(spec.home, spec.storage), (task.company, task.quarter), set(task.stages),
-                                  _components(spec), rows)
+        rows = load_source(settings.source).rows_for(task.company, task.quarter)
+        results = build_partition(_runtime(settings), (task.company, task.quarter), set(task.stages), rows)
         outcome.reports = [report_of(stage, result) for stage, result in results.items()]
     except StageIncomplete as error:
         outcome.error = str(error)
@@ -163,42 +144,44 @@ def _worker_init(parent: int, log_level: str) -> None:
 # --- in the parent ---------------------------------------------------------------------------
 
 
-def _warm(spec: BackendSpec) -> None:
-    """Load what a build needs (modules, the embedding model, the source) before the first task."""
-    from tkg.ingest.sources import load_source
+def _warm(settings: Settings) -> None:
+    """Load what a build needs (modules, the local embedding model, the source) before the first
+    task. The local model warms up: a paid embedder would make a request nobody accounts for."""
+    _runtime(settings).providers.chunk_embedder.embed(["warm up"])
+    load_source(settings.source)
 
-    _components(spec).embedder.embed(["warm up"])
-    load_source(spec.source)
 
-
-def _new_pool(spec: BackendSpec, workers: int) -> ProcessPoolExecutor:
+def _new_pool(settings: Settings, workers: int, log_level: str) -> ProcessPoolExecutor:
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(os.getpid(), spec.log_level))
+                               initializer=_worker_init, initargs=(os.getpid(), log_level))
     for _ in range(workers):
-        pool.submit(_warm, spec)
+        pool.submit(_warm, settings)
     return pool
 
 
-_prestarted: dict[tuple[str, int], ProcessPoolExecutor] = {}
+_prestarted: dict[tuple[str, int, str], ProcessPoolExecutor] = {}
 
 
-def prestart(spec: BackendSpec, workers: int) -> None:
+def prestart(settings: Settings, workers: int, log_level: str = "WARNING") -> None:
     """Start (and warm up) the worker processes now, while the caller sets up Dagster: the
     seconds they take to start then overlap with that set-up. `run_partitions` with the same
-    spec and worker count takes them over."""
-    if workers > 1 and (repr(spec), workers) not in _prestarted:
-        _prestarted[(repr(spec), workers)] = _new_pool(spec, workers)
+    settings, worker count and log level takes them over. `settings` are one worker's
+    (Settings.for_workers)."""
+    if workers > 1 and (_identity(settings), workers, log_level) not in _prestarted:
+        _prestarted[(_identity(settings), workers, log_level)] = _new_pool(settings, workers, log_level)
 
 
-def run_partitions(spec: BackendSpec, tasks: list[PartitionTask], workers: int) -> Iterator[PartitionOutcome]:
+def run_partitions(settings: Settings, tasks: list[PartitionTask], workers: int,
+                   log_level: str = "WARNING") -> Iterator[PartitionOutcome]:
     """Build `tasks`, yielding each outcome as it lands. With one worker the partitions are
     built in this process; otherwise in `workers` spawned processes. On KeyboardInterrupt (or
     when the caller stops iterating) the workers are killed at once and nothing more starts."""
     if workers <= 1 or len(tasks) <= 1:
         for task in tasks:
-            yield build_one(spec, task)
+            yield build_one(settings, task)
         return
-    pool = _prestarted.pop((repr(spec), workers), None) or _new_pool(spec, min(workers, len(tasks)))
+    pool = (_prestarted.pop((_identity(settings), workers, log_level), None)
+            or _new_pool(settings, min(workers, len(tasks)), log_level))
     pending: dict[Future, PartitionTask] = {}
     queue = list(tasks)
     finished = False
@@ -208,7 +191,7 @@ def run_partitions(spec: BackendSpec, tasks: list[PartitionTask], workers: int) 
         while queue or pending:
             while queue and len(pending) < 2 * workers:
                 task = queue.pop(0)
-                pending[pool.submit(build_one, spec, task)] = task
+                pending[pool.submit(build_one, settings, task)] = task
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             outcomes = []
             for future in done:
@@ -219,7 +202,7 @@ def run_partitions(spec: BackendSpec, tasks: list[PartitionTask], workers: int) 
                     outcomes.append(PartitionOutcome(task, error=f"the worker building it died ({type(error).__name__}: {error})"))
             while queue and len(pending) < 2 * workers:  # refill before the caller takes its time
                 task = queue.pop(0)
-                pending[pool.submit(build_one, spec, task)] = task
+                pending[pool.submit(build_one, settings, task)] = task
             yield from outcomes
         finished = True
     finally:
@@ -240,10 +223,3 @@ def kill_workers(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.join(timeout=5)
-
-
-def partition_tasks(plans) -> list[PartitionTask]:
-    return [PartitionTask(plan.partition[0], plan.partition[1], tuple(sorted(plan.stages)), plan.reason) for plan in plans]
-
-
-Observer = Callable[[PartitionOutcome], None]

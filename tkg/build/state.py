@@ -1,97 +1,66 @@
-"""The state of the Parquet store: stages and their inputs, code versions, and the stamps that
-say what every file was built from (see tkg.core.versions).
+"""The state of the Parquet store: the stamps that say what every file was built from (see
+tkg.core.versions), read against the stage catalog (tkg.build.catalog).
 
 A partition is whole when each of its stage files was built from the version of its inputs
 that the store holds; the global steps read only whole stores, so they never mix a new stage
-with an old one. Planning (tkg.build.plan) reads nothing else, which keeps `tkg build` quick when
-nothing changed.
+with an old one. Planning (tkg.build.plan) reads nothing else, which keeps `tkg build` quick
+when nothing changed.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Callable
+from pathlib import PurePath
 
+from tkg.build.catalog import GLOBAL, PARTITIONED, PARTITIONED_NAMES, Stage
 from tkg.core.companies import Company, get_company, load_companies
+from tkg.core.ids import short_version
 from tkg.core.partitions import Partition, key_of, parse_key, sort_key
 from tkg.core.versions import Stamp, combine
-from tkg.ingest.chunking import ChunkingSettings
 from tkg.ingest.parsing import SourceRow
 from tkg.ingest.sources import rows_fingerprint
 from tkg.store.parquet import ParquetStore
 
-PARTITIONED_STAGES = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "figures", "entities")
-GLOBAL_STAGES = ("canonical_entities", "invalidated_events", "warehouse")
-STAGE_INPUTS: dict[str, tuple[str, ...]] = {
-    "transcripts": (),  # the partition's source rows and its company's registry entry
-    "chunks": ("transcripts",),
-    "statements": ("transcripts", "chunks"),
-    "temporal_events": ("transcripts", "statements"),
-    "triplets": ("transcripts", "statements"),
-    "figures": ("transcripts", "chunks", "statements"),
-    "entities": ("triplets",),
-}
-# Code versions of the stages that no prompt or model shapes; bump one when its output changes.
-TRANSCRIPTS_VERSION = "streetevents-parser-1"
-CHUNKS_VERSION = "semantic-chunks-1"
-ENTITIES_VERSION = "entity-mentions-1"
-RESOLUTION_VERSION = "entity-resolution-2"
-RETENTION_VERSION = "fact-relevance-1"
-WAREHOUSE_VERSION = "warehouse-2"
 
-
-def _short(*parts: object) -> str:
-    return hashlib.sha256(":".join(str(part) for part in parts).encode()).hexdigest()[:16]
-
-
-def downstream_of(stages: set[str]) -> set[str]:
-    """`stages` and every partitioned stage that reads one of them, directly or not."""
-    closed = set(stages)
-    for stage in PARTITIONED_STAGES:
-        if any(upstream in closed for upstream in STAGE_INPUTS[stage]):
-            closed.add(stage)
-    return closed
-
-
-def stage_code_versions(extractor_fingerprint: Callable[[str], str], embedder_name: str, chunk_embedder_name: str,
-                        chunking: ChunkingSettings = ChunkingSettings()) -> dict[str, str]:
-    """The code version of every partitioned stage: what, besides its inputs, shapes its output
-    (prompt template, model and settings, or rule set). The Dagster assets carry the same."""
-    return {
-        "transcripts": TRANSCRIPTS_VERSION,
-        "chunks": _short(CHUNKS_VERSION, repr(chunking), chunk_embedder_name),
-        "statements": extractor_fingerprint("statements"),
-        "temporal_events": _short(extractor_fingerprint("validity"), embedder_name),
-        "triplets": extractor_fingerprint("triplets"),
-        "figures": extractor_fingerprint("figures"),
-        "entities": _short(ENTITIES_VERSION, embedder_name),
-    }
+class HalfBuilt(RuntimeError):
+    """Partitions whose stage files do not agree (a build stopped between two stages), or a
+    global step asked to run before the steps it reads."""
 
 
 def company_fingerprint(company: Company) -> str:
     """The registry entry a partition's transcripts are parsed with (an input, like the rows)."""
-    return _short(company.ticker, company.name, "|".join(company.aliases), company.fiscal_year_end_month)
+    return short_version(company.ticker, company.name, "|".join(company.aliases), company.fiscal_year_end_month)
 
 
 def registry_fingerprint() -> str:
-    return _short(*(company_fingerprint(company) for _, company in sorted(load_companies().items())))
+    return short_version(*(company_fingerprint(company) for _, company in sorted(load_companies().items())))
 
 
-def source_inputs(rows: list[SourceRow], company: str) -> dict[str, str]:
-    """The inputs of a partition's `transcripts` stage."""
-    return {"source": rows_fingerprint(rows), "company": company_fingerprint(get_company(company))}
+# The versions of what stages read besides other stages (a catalog row's `outside_inputs`).
+OUTSIDE_INPUTS: dict[str, Callable[[list[SourceRow], str | None], str]] = {
+    "source": lambda rows, company: rows_fingerprint(rows),  # the partition's source rows
+    "company": lambda rows, company: company_fingerprint(get_company(company)),  # its registry entry
+    "registry": lambda rows, company: registry_fingerprint(),  # the whole company registry
+}
 
 
-class HalfBuilt(RuntimeError):
-    """Partitions whose stage files do not agree (a build stopped between two stages)."""
+def outside_versions(stage: Stage, rows: list[SourceRow] | None = None, company: str | None = None) -> dict[str, str]:
+    return {name: OUTSIDE_INPUTS[name](rows or [], company) for name in stage.outside_inputs}
+
+
+def stage_path(store: ParquetStore, stage: Stage, partition: Partition | None = None) -> PurePath:
+    """The file that carries a stage's stamp: a partition's file, or a global stage's last table."""
+    if stage.partitioned:
+        return store.partition_path(stage.name, *partition)
+    return store.global_path(stage.name, stage.table.name)
 
 
 def stored_partitions(store: ParquetStore) -> list[Partition]:
     """Every partition with at least one stage file in the store."""
     found = set()
-    for stage in PARTITIONED_STAGES:
-        for path in store.partition_files(stage):
+    for name in PARTITIONED_NAMES:
+        for path in store.partition_files(name):
             folder = path.parent
             try:
                 found.add(parse_key(f"{folder.parent.name.removeprefix('company=')}|{folder.name.removeprefix('quarter=')}"))
@@ -101,18 +70,18 @@ def stored_partitions(store: ParquetStore) -> list[Partition]:
 
 
 def partition_stamps(store: ParquetStore, partition: Partition) -> dict[str, Stamp | None]:
-    return {stage: store.stamp(store.partition_path(stage, *partition)) for stage in PARTITIONED_STAGES}
+    return {stage.name: store.stamp(stage_path(store, stage, partition)) for stage in PARTITIONED}
 
 
 def half_built(stamps: dict[str, Stamp | None]) -> str | None:
     """Why a partition's stage files do not agree, or None when they do."""
-    for stage in PARTITIONED_STAGES:
-        stamp = stamps[stage]
+    for stage in PARTITIONED:
+        stamp = stamps[stage.name]
         if stamp is None:
-            return f"{stage} is missing or carries no version"
-        for upstream in STAGE_INPUTS[stage]:
+            return f"{stage.name} is missing or carries no version"
+        for upstream in stage.inputs:
             if stamps[upstream] is not None and stamp.inputs.get(upstream) != stamps[upstream].version:
-                return f"{stage} was built from another {upstream}"
+                return f"{stage.name} was built from another {upstream}"
     return None
 
 
@@ -133,7 +102,7 @@ def consistent_versions(store: ParquetStore) -> dict[str, dict[str, str]]:
     """Per partitioned stage, the version of every partition, after checking that every
     partition in the store is whole. Raises HalfBuilt naming the partitions that are not, so
     no global step ever reads a mix of new and old stages."""
-    versions: dict[str, dict[str, str]] = {stage: {} for stage in PARTITIONED_STAGES}
+    versions: dict[str, dict[str, str]] = {name: {} for name in PARTITIONED_NAMES}
     problems = []
     for partition in stored_partitions(store):
         stamps = partition_stamps(store, partition)
@@ -141,8 +110,8 @@ def consistent_versions(store: ParquetStore) -> dict[str, dict[str, str]]:
         if reason:
             problems.append(f"{key_of(*partition)} ({reason})")
             continue
-        for stage, stamp in stamps.items():
-            versions[stage][key_of(*partition)] = stamp.version
+        for name, stamp in stamps.items():
+            versions[name][key_of(*partition)] = stamp.version
     if problems:
         raise HalfBuilt(f"{len(problems)} partition(s) are half-built, so the graph is not refreshed: "
                         f"{'; '.join(problems[:10])}{' ...' if len(problems) > 10 else ''}. Rerun `tkg build` "
@@ -150,65 +119,62 @@ def consistent_versions(store: ParquetStore) -> dict[str, dict[str, str]]:
     return versions
 
 
-def judge_code_version(name: str, fingerprint: str = "") -> str:
-    return f"{name}:{fingerprint}" if fingerprint else name
-
-
-def warehouse_code_version() -> str:
-    """The published file's code version: it covers every SQL model."""
-    from tkg.store.warehouse import load_models
-
-    return _short(WAREHOUSE_VERSION, *(model.sha256 for model in load_models()))
-
-
-def global_code_versions(judge_version: str) -> dict[str, str]:
-    from tkg.invalidate.retention import retention_settings
-
-    return {"canonical_entities": RESOLUTION_VERSION, "invalidated_events": judge_version,
-            "fact_relevance": f"{RETENTION_VERSION}:{retention_settings().fingerprint()}",
-            "warehouse": warehouse_code_version()}
-
-
 def global_stamps(store: ParquetStore) -> dict[str, Stamp | None]:
-    return {"canonical_entities": store.stamp(store.global_path("canonical_entities")),
-            "invalidated_events": store.stamp(store.global_path("invalidated_events", "event_invalidations")),
-            "fact_relevance": store.stamp(store.global_path("fact_relevance"))}
+    return {stage.name: store.stamp(stage_path(store, stage)) for stage in GLOBAL}
+
+
+def global_inputs(stage: Stage, versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None]) -> dict[str, str]:
+    """The inputs a global stage should be built from, given the partition versions and the
+    stamps of the global stages it reads: every partition of a partitioned input, combined."""
+    inputs = outside_versions(stage)
+    for upstream in stage.inputs:
+        if upstream in versions:
+            inputs[upstream] = combine(versions[upstream])
+        else:
+            stamp = stamps.get(upstream)
+            inputs[upstream] = stamp.version if stamp else ""
+    return inputs
 
 
 def warehouse_inputs(versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None]) -> dict[str, str]:
     """What the published file is built from: every partition and every global step."""
-    inputs = {stage: combine(by_partition) for stage, by_partition in versions.items()}
-    for stage, stamp in stamps.items():
-        inputs[stage] = stamp.version if stamp else ""
+    inputs = {name: combine(by_partition) for name, by_partition in versions.items()}
+    for stage in GLOBAL:
+        stamp = stamps.get(stage.name)
+        inputs[stage.name] = stamp.version if stamp else ""
     return inputs
-
-
-def global_inputs(versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None]) -> dict[str, dict[str, str]]:
-    """The inputs each global step should have been built from, given the partition versions
-    and the stamps of the global steps it reads."""
-    canonical = stamps.get("canonical_entities")
-    return {
-        "canonical_entities": {"entities": combine(versions["entities"]), "registry": registry_fingerprint()},
-        "invalidated_events": {"temporal_events": combine(versions["temporal_events"]), "triplets": combine(versions["triplets"]),
-                               "figures": combine(versions["figures"]), "canonical_entities": canonical.version if canonical else ""},
-        "fact_relevance": {"temporal_events": combine(versions["temporal_events"])},
-    }
 
 
 def stale_globals(versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None],
                   code_versions: dict[str, str] | None = None) -> list[str]:
     """Why the global steps (before the warehouse) do not cover the partitions: missing, older
     than their inputs, incomplete, or (when `code_versions` are given) built by other code."""
-    expected = global_inputs(versions, stamps)
     reasons = []
-    for stage, inputs in expected.items():
-        stamp = stamps[stage]
+    for stage in GLOBAL:
+        stamp = stamps[stage.name]
         if stamp is None:
-            reasons.append(f"{stage} missing")
-        elif code_versions is not None and stamp.code_version != code_versions[stage]:
-            reasons.append(f"code changed: {stage}")
-        elif stamp.inputs != inputs:
-            reasons.append(f"{stage} older than its inputs")
+            reasons.append(f"{stage.name} missing")
+        elif code_versions is not None and stamp.code_version != code_versions[stage.name]:
+            reasons.append(f"code changed: {stage.name}")
+        elif stamp.inputs != global_inputs(stage, versions, stamps):
+            reasons.append(f"{stage.name} older than its inputs")
         elif not stamp.complete:
-            reasons.append(f"{stage} incomplete")
+            reasons.append(f"{stage.name} incomplete")
     return reasons
+
+
+def stale_inputs(stage: Stage, store: ParquetStore, versions: dict[str, dict[str, str]]) -> list[str]:
+    """The global stages `stage` reads that are missing or older than their own inputs: it
+    must not run before they are rebuilt."""
+    stamps = global_stamps(store)
+    problems = []
+    for upstream in stage.inputs:
+        row = next((other for other in GLOBAL if other.name == upstream), None)
+        if row is None:
+            continue
+        stamp = stamps.get(upstream)
+        if stamp is None:
+            problems.append(f"{upstream} has not been materialised yet")
+        elif stamp.inputs != global_inputs(row, versions, stamps):
+            problems.append(f"{upstream} is older than the partitions it should cover")
+    return problems

@@ -17,10 +17,12 @@ import pyarrow.compute as pc
 
 
 class Embedder(Protocol):
-    """Turns texts into L2-normalised float32 vectors of a fixed dimension."""
+    """Turns texts into L2-normalised float32 vectors of a fixed dimension. `counters` names the
+    usage counters it keeps (tkg.core.results.Counted): none for a local model."""
 
     name: str
     dimension: int
+    counters: tuple[str, ...]
 
     def embed(self, texts: list[str]) -> np.ndarray: ...
 
@@ -71,12 +73,18 @@ def _load_wordllama(dimension: int) -> Any:
     return WordLlama.load(cache_dir=package_dir, disable_download=True, dim=dimension)
 
 
+def wordllama_name(dimension: int = 256) -> str:
+    return f"wordllama-l2_supercat-{dimension}"
+
+
 class WordLlamaEmbedder:
     """Offline static embeddings (wordllama l2_supercat, 256 dimensions)."""
 
+    counters: tuple[str, ...] = ()  # a local model: nothing to pay for or count
+
     def __init__(self, dimension: int = 256) -> None:
         self.dimension = dimension
-        self.name = f"wordllama-l2_supercat-{dimension}"
+        self.name = wordllama_name(dimension)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """The same vectors as `WordLlama.embed` (checked bit for bit in the tests), computed

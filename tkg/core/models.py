@@ -73,25 +73,6 @@ PREDICATE_DEFINITIONS: dict[Predicate, str] = {
     Predicate.SECURED: "The subject won or obtained the object (a contract, customer, funding or approval).",
 }
 
-# Stages whose output the vocabulary shapes: triplet extraction (names and definitions are in
-# its prompt and rules) and invalidation (the groups decide which facts may contradict).
-VOCABULARY_STAGES = frozenset({"triplets", "judge"})
-
-
-def vocabulary_fingerprint() -> str:
-    """A hash of the predicate vocabulary: names, definitions and groups. It is part of the code
-    version and the LLM cache key of the stages it shapes, so editing a definition marks them
-    stale and never reuses an answer given under the old wording."""
-    import hashlib
-    import json
-
-    from tkg.core.policy import PREDICATE_GROUPS
-
-    text = json.dumps({"definitions": {p.value: PREDICATE_DEFINITIONS.get(p) for p in Predicate},
-                       "groups": [[p.value for p in group] for group in PREDICATE_GROUPS]}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 class EntityType(StrEnum):
     PERSON = "Person"
     ORGANIZATION = "Organization"
@@ -249,15 +230,6 @@ class RawStatement(_Lenient):
     _normalise_temporal_type = field_validator("temporal_type", mode="before")(
         lambda v: TemporalType.ATEMPORAL if v is None else _enum_from_any(TemporalType, v)
     )
-
-
-class RawStatementList(_Lenient):
-    statements: list[RawStatement] = []
-
-
-class RawTemporalRange(_Lenient):
-    valid_at: str | None = Field(None, description="ISO-8601 date-time when the statement became true")
-    invalid_at: str | None = Field(None, description="ISO-8601 date-time when it stopped being true, or null")
 
 
 class TemporalValidityRange(_Lenient):

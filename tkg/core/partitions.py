@@ -24,11 +24,6 @@ def quarter_start(day: date) -> date:
     return date(day.year, 3 * ((day.month - 1) // 3) + 1, 1)
 
 
-def next_quarter(quarter: date) -> date:
-    month = quarter.month + 3
-    return date(quarter.year + (month > 12), (month - 1) % 12 + 1, 1)
-
-
 def last_quarter(today: date | None = None) -> date:
     """The last quarter of the partition space: the one under way (a call held today belongs to it)."""
     return quarter_start(today or datetime.now(timezone.utc).date())

@@ -1,11 +1,14 @@
 """The invalidation policy, in one place: what may contradict what, and what holds one value at a time.
 
-Everything that decides whether a newer fact retires an older one reads this module: the rule
-judge (tkg.invalidate.invalidation), the LLM judge's prompt, candidate selection (tkg.invalidate.candidates), the
-statement filter (sql/pipeline/fact_events.sql), figure revisions (tkg.invalidate.revisions) and the
-`one_holder_per_office` check. Its fingerprint is part of the judges' code version and of the
-LLM judge's cache key, so editing any of it marks `invalidated_events` stale and never reuses
-a verdict given under the old policy.
+Everything that decides whether a newer fact retires an older one reads `POLICY`: the rule
+judge (tkg.invalidate.judges), the LLM judge's prompt, candidate selection
+(tkg.invalidate.candidates), the statement filter (sql/pipeline/fact_events.sql), figure
+revisions (tkg.invalidate.revisions) and the `one_holder_per_office` check. Its fingerprint
+covers every field of the policy, so a new rule cannot be left out of it: editing any of them
+marks `invalidated_events` stale and never reuses a verdict given under the old policy.
+
+The predicate vocabulary's fingerprint (names, definitions and the groups below) lives here
+too: triplet extraction and the judges hash it into their code versions and cache keys.
 """
 
 from __future__ import annotations
@@ -13,71 +16,95 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass, fields
+from functools import cached_property
+from typing import Any
 
+from tkg.core import models
 from tkg.core.models import Predicate
 
-# -- which events take part ---------------------------------------------------------------------
 
-# Only facts retire and get retired: an opinion or a prediction states no fact a later one can
-# end, and an ATEMPORAL statement never stops being true (REFERENCE 1.8). Guidance, a
-# prediction by nature, is revised through its figures (below), not through its statement.
-INVALIDATED_STATEMENT_TYPES = ("FACT",)
-NEVER_INVALIDATED_TEMPORAL_TYPES = ("ATEMPORAL",)
+@dataclass(frozen=True)
+class InvalidationPolicy:
+    """Every rule of invalidation. Field names are the keys of the policy's fingerprint."""
 
-# -- which pairs are compared ---------------------------------------------------------------------
+    # Only facts retire and get retired: an opinion or a prediction states no fact a later one
+    # can end (REFERENCE 1.8). Guidance, a prediction by nature, is revised through its
+    # figures (below), not through its statement.
+    statement_types: tuple[str, ...] = ("FACT",)
+    # Temporal types that are never retired: an ATEMPORAL statement never stops being true.
+    never: tuple[str, ...] = ("ATEMPORAL",)
+    # Facts may only contradict facts whose predicate is in the same group (REFERENCE 1.5).
+    groups: tuple[tuple[Predicate, ...], ...] = (
+        (Predicate.IS_A, Predicate.HAS_A, Predicate.LOCATED_IN, Predicate.HOLDS_ROLE, Predicate.PART_OF),
+        (Predicate.PRODUCES, Predicate.SELLS, Predicate.SUPPLIES, Predicate.DISCONTINUED, Predicate.SECURED),
+        (Predicate.LAUNCHED, Predicate.DEVELOPED, Predicate.ADOPTED_BY, Predicate.INVESTS_IN, Predicate.COLLABORATES_WITH),
+        (Predicate.HAS_REVENUE, Predicate.INCREASED, Predicate.DECREASED, Predicate.RESULTED_IN, Predicate.TARGETS),
+    )
+    # A candidate pair needs at least this statement-embedding cosine; each event keeps its
+    # `top_k` best candidates per kind (see tkg.invalidate.candidates).
+    min_cosine: float = 0.5
+    top_k: int = 10
+    # Offices held by one person at a time per organisation: a new holder ends the previous one.
+    offices: frozenset[str] = frozenset({"CEO", "CFO", "COO", "CTO", "CAO", "President", "Chairman",
+                                         "Chairman of the Management Board"})
+    # One value per subject, metric and period: a different later value revises the earlier one.
+    single_valued: frozenset[Predicate] = frozenset({Predicate.TARGETS, Predicate.HAS_REVENUE})
+    # Guidance holds one value per (company, metric, segment, fiscal period, unit) and is retired
+    # by the next call that guides it differently or reports the actual (tkg.invalidate.revisions).
+    # The basis is compared within the group: an unstated basis matches either GAAP or non-GAAP.
+    guidance_key: tuple[str, ...] = ("company", "metric", "segment", "fiscal_year", "fiscal_quarter", "unit")
+    figure_judge: str = "rules:figure-revisions-1"
+    # Two figures state the same value when every bound agrees to this relative tolerance.
+    tolerance: float = 1e-9
 
-# Facts may only contradict facts whose predicate is in the same group (REFERENCE 1.5).
-PREDICATE_GROUPS: tuple[tuple[Predicate, ...], ...] = (
-    (Predicate.IS_A, Predicate.HAS_A, Predicate.LOCATED_IN, Predicate.HOLDS_ROLE, Predicate.PART_OF),
-    (Predicate.PRODUCES, Predicate.SELLS, Predicate.SUPPLIES, Predicate.DISCONTINUED, Predicate.SECURED),
-    (Predicate.LAUNCHED, Predicate.DEVELOPED, Predicate.ADOPTED_BY, Predicate.INVESTS_IN, Predicate.COLLABORATES_WITH),
-    (Predicate.HAS_REVENUE, Predicate.INCREASED, Predicate.DECREASED, Predicate.RESULTED_IN, Predicate.TARGETS),
-)
-PREDICATE_GROUP_OF: dict[Predicate, int] = {p: i + 1 for i, group in enumerate(PREDICATE_GROUPS) for p in group}
-# A candidate pair needs at least this statement-embedding cosine; each event keeps its
-# TOP_K best candidates per kind (see tkg.invalidate.candidates).
-MIN_COSINE = 0.5
-TOP_K = 10
+    @cached_property
+    def group_of(self) -> dict[Predicate, int]:
+        """Each predicate's group, numbered from 1."""
+        return {p: i + 1 for i, group in enumerate(self.groups) for p in group}
 
-# -- what holds one value at a time --------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """A hash of every field, for code versions and cache keys."""
+        text = json.dumps({field.name: _plain(getattr(self, field.name)) for field in fields(self)}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-# Offices held by one person at a time per organisation: a new holder ends the previous one.
-FUNCTIONAL_OFFICES = frozenset({"CEO", "CFO", "COO", "CTO", "CAO", "President", "Chairman", "Chairman of the Management Board"})
-# One value per subject, metric and period: a different later value revises the earlier one.
-SINGLE_VALUED_PREDICATES = frozenset({Predicate.TARGETS, Predicate.HAS_REVENUE})
-# Guidance holds one value per (company, metric, segment, fiscal period, unit) and is retired by
-# the next call that guides it differently or reports the actual (tkg.invalidate.revisions). The basis is
-# compared within the group: an unstated basis matches either GAAP or non-GAAP.
-GUIDANCE_KEY = ("company", "metric", "segment", "fiscal_year", "fiscal_quarter", "unit")
-FIGURE_JUDGE = "rules:figure-revisions-1"
-# Two figures state the same value when every bound agrees to this relative tolerance.
-SAME_VALUE_TOLERANCE = 1e-9
+    def figure_values_agree(self, a: dict, b: dict) -> bool:
+        """The same point value, or the same range: a restatement, which retires nothing."""
+        def close(x: float | None, y: float | None) -> bool:
+            if x is None or y is None:
+                return x is None and y is None
+            return math.isclose(x, y, rel_tol=self.tolerance, abs_tol=self.tolerance)
+        return close(a["value"], b["value"]) and close(a["low"], b["low"]) and close(a["high"], b["high"])
 
-
-def figure_values_agree(a: dict, b: dict) -> bool:
-    """The same point value, or the same range: a restatement, which retires nothing."""
-    def close(x: float | None, y: float | None) -> bool:
-        if x is None or y is None:
-            return x is None and y is None
-        return math.isclose(x, y, rel_tol=SAME_VALUE_TOLERANCE, abs_tol=SAME_VALUE_TOLERANCE)
-    return close(a["value"], b["value"]) and close(a["low"], b["low"]) and close(a["high"], b["high"])
+    def describe_single_valued(self) -> str:
+        """The single-valued relations in words, for the LLM judge's prompt."""
+        offices = ", ".join(sorted(self.offices))
+        metrics = " and ".join(sorted(p.value for p in self.single_valued))
+        return (f"an office one person holds at a time ({offices}) now held by a different person; "
+                f"a different value for the same subject, metric and period ({metrics}: guidance raised or cut, "
+                "a result restated)")
 
 
-def describe_single_valued() -> str:
-    """The single-valued relations in words, for the LLM judge's prompt."""
-    offices = ", ".join(sorted(FUNCTIONAL_OFFICES))
-    metrics = " and ".join(sorted(p.value for p in SINGLE_VALUED_PREDICATES))
-    return (f"an office one person holds at a time ({offices}) now held by a different person; "
-            f"a different value for the same subject, metric and period ({metrics}: guidance raised or cut, "
-            "a result restated)")
+def _plain(value: Any) -> Any:
+    """A JSON-able form that does not depend on set order."""
+    if isinstance(value, (frozenset, set)):
+        return sorted(_plain(item) for item in value)
+    if isinstance(value, (tuple, list)):
+        return [_plain(item) for item in value]
+    return value
 
 
-def policy_fingerprint() -> str:
-    """A hash of the whole policy, for code versions and cache keys."""
-    text = json.dumps({
-        "statement_types": INVALIDATED_STATEMENT_TYPES, "never": NEVER_INVALIDATED_TEMPORAL_TYPES,
-        "groups": [[p.value for p in group] for group in PREDICATE_GROUPS], "min_cosine": MIN_COSINE, "top_k": TOP_K,
-        "offices": sorted(FUNCTIONAL_OFFICES), "single_valued": sorted(p.value for p in SINGLE_VALUED_PREDICATES),
-        "guidance_key": GUIDANCE_KEY, "figure_judge": FIGURE_JUDGE, "tolerance": SAME_VALUE_TOLERANCE,
-    }, sort_keys=True)
+POLICY = InvalidationPolicy()
+
+# Stages whose output the vocabulary shapes: triplet extraction (names and definitions are in
+# its prompt and rules) and invalidation (the groups decide which facts may contradict).
+VOCABULARY_STAGES = frozenset({"triplets", "judge"})
+
+
+def vocabulary_fingerprint(policy: InvalidationPolicy = POLICY) -> str:
+    """A hash of the predicate vocabulary: names, definitions and groups. It is part of the code
+    version and the LLM cache key of the stages it shapes, so editing a definition marks them
+    stale and never reuses an answer given under the old wording."""
+    text = json.dumps({"definitions": {p.value: models.PREDICATE_DEFINITIONS.get(p) for p in Predicate},
+                       "groups": [[p.value for p in group] for group in policy.groups]}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tkg.core.policy import FUNCTIONAL_OFFICES
+from tkg.core import policy
 
 # Offices that may name the organisation after them ('CEO of Google', 'CEO - Google Inc.').
-_ORG_SUFFIX_OFFICES = FUNCTIONAL_OFFICES
+_ORG_SUFFIX_OFFICES = policy.POLICY.offices
 
 ROLE_START = re.compile(
     r"^(?:Interim|Acting|Co-?Founder|Founder|Chief|CEO|CFO|COO|CTO|CAO|President|Chairman|Chairwoman|Chair|"
@@ -47,10 +47,6 @@ class Office:
     role: str
     organization: str | None
     qualifier: str | None = None
-
-    @property
-    def functional(self) -> bool:
-        return self.role in FUNCTIONAL_OFFICES
 
     def office_name(self, default_organization: str) -> str:
         return f"{self.role} of {self.organization or default_organization}"

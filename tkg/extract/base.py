@@ -1,17 +1,16 @@
-"""The extraction interfaces shared by the offline rules and the LLM path.
+"""The extraction interface shared by the offline rules and the LLM path.
 
-An `Extractor` does the three per-partition LLM tasks of REFERENCE 1.3-1.5 in batches (so an
-implementation can fan them out concurrently); a `Judge` answers the invalidation question
-1:N. Post-processing that must be identical whatever produced the output (validity post-rules,
-dropping triplets that point at no entity) lives here, once.
+An `Extractor` does the per-partition LLM tasks of REFERENCE 1.3-1.5 (and financial figures)
+in batches, so an implementation can fan them out concurrently. Post-processing that must be
+identical whatever produced the output (validity post-rules, dropping triplets that point at
+no entity) lives here, once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Protocol, Sequence
 
@@ -26,6 +25,7 @@ from tkg.core.models import (
     TemporalValidityRange,
     Transcript,
 )
+from tkg.core.results import StageStats
 
 
 @dataclass(frozen=True)
@@ -70,85 +70,14 @@ class DocumentContext:
         )
 
 
-@dataclass
-class StageStats:
-    """Counters one stage reports into asset metadata and the llm_calls table."""
-
-    requests: int = 0
-    cache_hits: int = 0
-    input_tokens: int = 0
-    cached_input_tokens: int = 0
-    output_tokens: int = 0
-    retries: int = 0
-    rate_limited: int = 0
-    reasks: int = 0
-    partial_answers: int = 0  # batched answers that left some of their items out
-    cost_usd: float = 0.0
-    dropped: Counter = field(default_factory=Counter)
-    repaired: Counter = field(default_factory=Counter)
-    # Items that got no usable answer at all (after retries and a re-ask): the stage did not
-    # finish its work. Also counted in `dropped`, as every lost item is.
-    unanswered_items: Counter = field(default_factory=Counter)
-    last_error: str = ""
-    latencies_ms: list[float] = field(default_factory=list)
-
-    def drop(self, reason: str, count: int = 1) -> None:
-        """An item that could not be used: counted, logged by the caller, never silent."""
-        self.dropped[reason] += count
-
-    def unanswered(self, reason: str, count: int = 1, error: object = None) -> None:
-        """Items the provider never answered usably: dropped, and they make the stage incomplete."""
-        self.drop(reason, count)
-        self.unanswered_items[reason] += count
-        if error is not None:
-            self.last_error = str(error)
-
-    def repair(self, reason: str, count: int = 1) -> None:
-        """An item fixed deterministically and kept."""
-        self.repaired[reason] += count
-
-    @property
-    def dropped_total(self) -> int:
-        return sum(self.dropped.values())
-
-    def since(self, earlier: "StageStats") -> "StageStats":
-        """What happened after `earlier` (a snapshot of this same counter)."""
-        delta = StageStats(**{name: getattr(self, name) - getattr(earlier, name) for name in
-                              ("requests", "cache_hits", "input_tokens", "cached_input_tokens", "output_tokens",
-                               "retries", "rate_limited", "reasks", "partial_answers", "cost_usd")})
-        delta.dropped = self.dropped - earlier.dropped
-        delta.repaired = self.repaired - earlier.repaired
-        delta.unanswered_items = self.unanswered_items - earlier.unanswered_items
-        delta.last_error = self.last_error if delta.unanswered_items else ""
-        delta.latencies_ms = self.latencies_ms[len(earlier.latencies_ms):]
-        return delta
-
-    def snapshot(self) -> "StageStats":
-        """A copy that later changes to this counter do not touch."""
-        return self.since(StageStats())
-
-    def latency_percentile(self, q: float) -> float | None:
-        if not self.latencies_ms:
-            return None
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-    def summary(self) -> dict[str, object]:
-        return {
-            "requests": self.requests, "cache_hits": self.cache_hits, "input_tokens": self.input_tokens,
-            "cached_input_tokens": self.cached_input_tokens, "output_tokens": self.output_tokens,
-            "retries": self.retries, "rate_limited": self.rate_limited, "reasks": self.reasks,
-            "partial_answers": self.partial_answers,
-            "dropped": self.dropped_total, "dropped_by_reason": dict(self.dropped), "repaired_by_reason": dict(self.repaired),
-            "latency_p50_ms": self.latency_percentile(50), "latency_p95_ms": self.latency_percentile(95),
-            "latency_p99_ms": self.latency_percentile(99), "estimated_cost_usd": round(self.cost_usd, 6),
-        }
-
-
 class Extractor(Protocol):
-    """Statement, validity-range, triplet and figure extraction. Output lists align with the input."""
+    """Statement, validity-range, triplet and figure extraction. Output lists align with the input.
+
+    It keeps a usage counter per task (`counters`: statements, validity, triplets, figures; see
+    tkg.core.results.Counted), which the stage runner reads to account for the work."""
 
     name: str
+    counters: tuple[str, ...]
 
     def settings_fingerprint(self, stage: str) -> str:
         """A short hash of everything that changes this stage's output (prompt, model, settings)."""
@@ -166,7 +95,9 @@ class Extractor(Protocol):
         """The financial figures of each statement (most have none), on the call's fiscal calendar."""
         ...
 
-    def stats(self, stage: str) -> StageStats: ...
+    def stats(self, counter: str) -> StageStats: ...
+
+    def usage_row(self, counter: str, usage: StageStats) -> dict | None: ...
 
 
 def statement_hash(text: str) -> str:

@@ -95,7 +95,6 @@ _REPORTED_CUE = re.compile(
 )
 _GROWTH = re.compile(r"\b(?:up|grew|grow(?:th|ing|s)?|increased?|rose|climbed|gain(?:ed)?|higher)\b(?:\s+\w+){0,2}\s*$",
                      re.IGNORECASE)
-_DECLINE = re.compile(r"\b(?:down|declined?|decreased?|fell|lower|dropped)\b(?:\s+\w+){0,2}\s*$", re.IGNORECASE)
 # Just before an amount: the amount is a change or an earlier figure, not the level.
 _APPROXIMATELY = r"(?:approximately |about |roughly |nearly |almost |around |over |more than |just over |just under )?"
 _CHANGE_BEFORE = re.compile(rf"(?:\bby|\b(?:up|down|grew|grow|grows|increased|decreased|rose|fell|declined|improved|climbed|"

@@ -17,7 +17,6 @@ import re
 from typing import Sequence
 
 from tkg.core.models import (
-    VOCABULARY_STAGES,
     Chunk,
     EntityType,
     Predicate,
@@ -29,11 +28,12 @@ from tkg.core.models import (
     StatementType,
     TemporalType,
     TemporalValidityRange,
-    vocabulary_fingerprint,
 )
 from tkg.core.names import company_for_name
+from tkg.core.policy import VOCABULARY_STAGES, vocabulary_fingerprint
+from tkg.core.results import Counted
 from tkg.core.roles import ROLE_START, parse_offices
-from tkg.extract.base import DocumentContext, StageStats, split_sentences
+from tkg.extract.base import DocumentContext, split_sentences
 from tkg.extract.figures import FIGURE_RULES_VERSION, figure_parser, guidance_phrase, segments_fingerprint
 from tkg.extract.periods import PeriodResolver, find_date
 from tkg.ingest.parsing import parse_participant_sections
@@ -193,22 +193,17 @@ def _guidance_level(sentence: str, match: re.Match) -> str | None:
     return _money_text(after["level"]) if after else None
 
 
-class OfflineExtractor:
+class OfflineExtractor(Counted):
     """Rule-based `Extractor`; see the module docstring for what it finds."""
 
     name = "offline"
-
-    def __init__(self) -> None:
-        self._stats: dict[str, StageStats] = {}
+    counters = ("statements", "validity", "triplets", "figures")
 
     def settings_fingerprint(self, stage: str) -> str:
         vocabulary = vocabulary_fingerprint() if stage in VOCABULARY_STAGES else ""
         if stage in ("statements", "figures"):  # derived guidance statements come from the figure rules
             vocabulary += f":{FIGURE_RULES_VERSION}:{segments_fingerprint()}"
         return hashlib.sha256(f"{RULES_VERSION}:{stage}:{vocabulary}".encode()).hexdigest()[:16]
-
-    def stats(self, stage: str) -> StageStats:
-        return self._stats.setdefault(stage, StageStats())
 
     # -- statements ---------------------------------------------------------------------------
 

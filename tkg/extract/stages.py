@@ -1,104 +1,37 @@
-"""The per-partition stages as plain functions: table in, table out, plus counters.
+"""Extraction stages: statements from chunks, then their validity ranges (temporal events),
+triplets, financial figures and entity mentions. Each takes a `StageJob` and returns a
+`StageResult` (tkg.core.results), using the job's providers (an extractor, an embedder).
 
-Dagster assets call these; so do tests, directly. Nothing here imports dagster. Every id is
-derived from content (transcript, offsets, statement text), so re-running a partition, or
-running partitions in any order, yields the same ids.
+Nothing here imports dagster. Every id is derived from content (transcript, offsets,
+statement text), so re-running a partition, or running partitions in any order, yields the
+same ids.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from tkg.core import tables
-from tkg.core.companies import Company, get_company
-from tkg.core.embeddings import Embedder
-from tkg.core.models import Chunk, RawStatement, TemporalEvent, TemporalType, Transcript, Turn
-from tkg.core.partitions import quarter_start
-from tkg.extract.base import (
-    DocumentContext,
-    Extractor,
-    apply_validity_rules,
-    drop_dangling_triplets,
-    statement_hash,
-)
-from tkg.ingest.chunking import ChunkingSettings, chunk_transcript
-from tkg.ingest.parsing import SourceRow, TranscriptParseError, parse_transcript
+from tkg.core.companies import get_company
+from tkg.core.ids import short_hash
+from tkg.core.models import Chunk, RawStatement, TemporalEvent, TemporalType, Transcript
+from tkg.core.results import StageJob, StageResult
+from tkg.extract.base import DocumentContext, apply_validity_rules, drop_dangling_triplets, statement_hash
+from tkg.ingest.stages import transcript_from_record
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class StageResult:
-    """A stage's output table and what it counted (rows skipped or dropped, with reasons)."""
-
-    table: pa.Table
-    counts: Counter = field(default_factory=Counter)
-    notes: list[str] = field(default_factory=list)
-    path: Path | None = None  # where the stage runner wrote the table
-    missing: Counter = field(default_factory=Counter)  # items a partial result lacks (see tkg.build.graph)
-    extra: dict[str, Any] = field(default_factory=dict)  # JSON-able facts for the asset metadata
-    stamp: Any = None  # the tkg.core.versions.Stamp the output is written with
-
-
-def short_hash(*parts: object, length: int = 20) -> str:
-    return hashlib.sha256("\x1f".join(str(part) for part in parts).encode("utf-8")).hexdigest()[:length]
-
-
-# --- transcripts -----------------------------------------------------------------------------
-
-
-def parse_rows(rows: list[SourceRow], company: Company) -> StageResult:
-    """Parse source rows; a row that does not parse is skipped and named, the others go on."""
-    records, result = [], StageResult(tables.TRANSCRIPTS.empty_table())
-    for row in rows:
-        try:
-            transcript = parse_transcript(row, company)
-        except TranscriptParseError as error:
-            result.counts["skipped_unparseable"] += 1
-            result.notes.append(str(error))
-            log.warning("skipping %s", error)
-            continue
-        record = transcript.model_dump(exclude={"participants", "turns"})
-        record["quarter"] = quarter_start(transcript.call_date)
-        record["participants"] = [p.model_dump() for p in transcript.participants]
-        record["turns"] = [t.model_dump(exclude={"text"}) for t in transcript.turns]
-        records.append(record)
-        result.counts["transcripts"] += 1
-    result.table = tables.to_table(records, tables.TRANSCRIPTS)
-    return result
-
-
-def transcript_from_record(record: dict[str, Any]) -> Transcript:
-    """Rebuild a `Transcript` (turn texts included) from a stored transcripts row."""
-    text = record["text"]
-    turns = [Turn(**turn, text=text[turn["start"] : turn["end"]]) for turn in record["turns"]]
-    return Transcript.model_validate({**record, "turns": turns})
+# Bump when entity mentions change (the embedder is part of the code version too).
+ENTITIES_VERSION = "entity-mentions-1"
 
 
 def context_for(record: dict[str, Any]) -> tuple[Transcript, DocumentContext]:
     transcript = transcript_from_record(record)
     return transcript, DocumentContext.for_transcript(transcript, get_company(transcript.company))
-
-
-# --- chunks ----------------------------------------------------------------------------------
-
-
-def chunk_transcripts(transcripts: pa.Table, embedder: Embedder, settings: ChunkingSettings = ChunkingSettings()) -> StageResult:
-    records = []
-    for record in transcripts.to_pylist():
-        transcript = transcript_from_record(record)
-        for chunk in chunk_transcript(transcript, embedder, settings):
-            records.append({**chunk.model_dump(), "quarter": record["quarter"], "start_offset": chunk.start, "end_offset": chunk.end})
-    return StageResult(tables.to_table(records, tables.CHUNKS), Counter(chunks=len(records)))
 
 
 def _chunk_from_record(record: dict[str, Any]) -> Chunk:
@@ -108,8 +41,9 @@ def _chunk_from_record(record: dict[str, Any]) -> Chunk:
 # --- statements ------------------------------------------------------------------------------
 
 
-def extract_statements(transcripts: pa.Table, chunks: pa.Table, extractor: Extractor) -> StageResult:
+def extract_statements(job: StageJob) -> StageResult:
     """One extraction call per chunk; statements keep their chunk and position for provenance."""
+    transcripts, chunks, extractor = job.inputs["transcripts"], job.inputs["chunks"], job.providers.extractor
     chunks_by_transcript: dict[str, list[Chunk]] = {}
     for record in chunks.to_pylist():
         chunks_by_transcript.setdefault(record["transcript_id"], []).append(_chunk_from_record(record))
@@ -141,9 +75,7 @@ def _raw_statement(record: dict[str, Any]) -> RawStatement:
 # --- temporal events -------------------------------------------------------------------------
 
 
-def build_events(
-    transcripts: pa.Table, statements: pa.Table, extractor: Extractor, embedder: Embedder, ingested_at: datetime | None = None
-) -> StageResult:
+def build_events(job: StageJob) -> StageResult:
     """Validity range and embedding per statement, as temporal events.
 
     `created_at` is the call's time: the moment the fact entered the record of published
@@ -151,7 +83,9 @@ def build_events(
     history identical however and whenever partitions are (re)built; the wall-clock time of
     this run is kept separately as `ingested_at`.
     """
-    ingested_at = ingested_at or datetime.now(timezone.utc)
+    transcripts, statements = job.inputs["transcripts"], job.inputs["statements"]
+    extractor, embedder = job.providers.extractor, job.providers.embedder
+    ingested_at = datetime.now(timezone.utc)
     by_transcript: dict[str, list[dict[str, Any]]] = {}
     for record in statements.to_pylist():
         by_transcript.setdefault(record["transcript_id"], []).append(record)
@@ -185,16 +119,18 @@ def build_events(
                             "ingested_at": ingested_at, "embedding": embeddings[index].tolist()})
     result.table = tables.to_table(records, tables.EVENTS)
     result.counts["events"] = len(records)
+    result.metadata["labels"] = dict(sorted(Counter(f"{record['statement_type']}/{record['temporal_type']}" for record in records).items()))
     return result
 
 
 # --- triplets and entities -------------------------------------------------------------------
 
 
-def extract_triplets(transcripts: pa.Table, statements: pa.Table, extractor: Extractor) -> StageResult:
+def extract_triplets(job: StageJob) -> StageResult:
     """Triplets (with their entities) for every statement (event ids are statement ids);
     dangling entity indices are dropped and counted. Needs only the statements, so it runs
     in parallel with the validity ranges."""
+    transcripts, statements, extractor = job.inputs["transcripts"], job.inputs["statements"], job.providers.extractor
     by_transcript: dict[str, list[dict[str, Any]]] = {}
     for record in statements.select(["statement_id", "transcript_id", "statement", "statement_type", "temporal_type", "quarter", "company"]).to_pylist():
         by_transcript.setdefault(record["transcript_id"], []).append({**record, "event_id": record["statement_id"]})
@@ -229,15 +165,18 @@ def extract_triplets(transcripts: pa.Table, statements: pa.Table, extractor: Ext
     result.table = tables.to_table(records, tables.TRIPLETS)
     result.counts["triplets"] = len(records)
     result.counts["dropped_triplets"] = stats.dropped_total - dropped_before
+    result.metadata["predicates"] = dict(sorted(Counter(record["predicate"] for record in records).items()))
     return result
 
 
-def extract_figures(transcripts: pa.Table, chunks: pa.Table, statements: pa.Table, extractor: Extractor) -> StageResult:
+def extract_figures(job: StageJob) -> StageResult:
     """Financial figures of the company's own statements: what its people said, not what an
     analyst or the operator said (an analyst restating guidance is not guidance). A call
     states one total per metric and period, so when a sentence without its segment's name
     ('Revenue was $163 million' in the Automotive paragraph) competes with the total, the
     smaller total is dropped and counted."""
+    transcripts, chunks, statements = job.inputs["transcripts"], job.inputs["chunks"], job.inputs["statements"]
+    extractor = job.providers.extractor
     speakers = {row["chunk_id"]: row for row in chunks.select(["chunk_id", "kind", "speaker", "speaker_organization"]).to_pylist()}
     by_transcript: dict[str, list[dict[str, Any]]] = {}
     for record in statements.select(["statement_id", "chunk_id", "transcript_id", "statement", "statement_type", "temporal_type",
@@ -268,6 +207,7 @@ def extract_figures(transcripts: pa.Table, chunks: pa.Table, statements: pa.Tabl
         records.extend(kept)
     result.table = tables.to_table(sorted(records, key=lambda r: r["figure_id"]), tables.FIGURES)
     result.counts["figures"] = len(records)
+    result.metadata["metrics"] = dict(sorted(Counter(f"{record['kind']} {record['metric']}" for record in records).items()))
     return result
 
 
@@ -296,9 +236,10 @@ def _one_total_per_period(figures: list[dict[str, Any]]) -> list[dict[str, Any]]
     return [figure for figure in figures if figure["metric"] != "revenue" or figure["value"] == largest[key(figure)]]
 
 
-def build_entity_mentions(triplets: pa.Table, embedder: Embedder) -> StageResult:
+def build_entity_mentions(job: StageJob) -> StageResult:
     """One row per entity mention (subject or object of a triplet), with a description embedding
     that entity resolution uses when names alone are ambiguous."""
+    triplets, embedder = job.inputs["triplets"], job.providers.embedder
     mentions: dict[str, dict[str, Any]] = {}
     for row in triplets.to_pylist():
         for side in ("subject", "object"):
@@ -315,11 +256,3 @@ def build_entity_mentions(triplets: pa.Table, embedder: Embedder) -> StageResult
     for record, vector in zip(records, vectors):
         record["embedding"] = vector.tolist()
     return StageResult(tables.to_table(records, tables.ENTITIES), Counter(entities=len(records)))
-
-
-def statement_types(events: pa.Table) -> dict[str, int]:
-    """Counts per 'FACT/DYNAMIC'-style label, for asset metadata."""
-    counter = Counter(f"{s}/{t}" for s, t in zip(events.column("statement_type").to_pylist(), events.column("temporal_type").to_pylist()))
-    return dict(sorted(counter.items()))
-
-

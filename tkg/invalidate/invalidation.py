@@ -15,147 +15,20 @@ When several events retire the same one, the earliest wins.
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
-from typing import Protocol, Sequence
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tkg.core import tables
-from tkg.core.models import Predicate
+from tkg.core import policy, tables
 from tkg.core.paths import read_sql
-from tkg.core.policy import (
-    FUNCTIONAL_OFFICES,
-    INVALIDATED_STATEMENT_TYPES,
-    MIN_COSINE,
-    NEVER_INVALIDATED_TEMPORAL_TYPES,
-    PREDICATE_GROUP_OF,
-    SINGLE_VALUED_PREDICATES,
-    TOP_K,
-    policy_fingerprint,
-)
 from tkg.invalidate.candidates import select_candidates
+from tkg.invalidate.judges import EventView, Judge, JudgeCase, TripletView
 from tkg.invalidate.revisions import revise_figures
 from tkg.store.warehouse import apply_model, model, register_raw
-
-
-@dataclass(frozen=True)
-class TripletView:
-    subject: str
-    subject_id: str
-    predicate: str
-    object: str
-    object_id: str | None
-    value: str | None
-
-
-@dataclass(frozen=True)
-class EventView:
-    """What a judge sees of an event: statement, labels, validity range and canonical triplets."""
-
-    event_id: str
-    statement: str
-    statement_type: str
-    temporal_type: str
-    valid_at: datetime | None
-    invalid_at: datetime | None
-    created_at: datetime
-    triplets: tuple[TripletView, ...] = ()
-
-
-@dataclass(frozen=True)
-class Verdict:
-    invalidates: bool
-    reason: str
-
-
-@dataclass(frozen=True)
-class JudgeCase:
-    """One primary (older, DYNAMIC) event and the later events that might retire it."""
-
-    primary: EventView
-    candidates: tuple[EventView, ...]
-
-
-class Judge(Protocol):
-    name: str
-
-    def judge(self, cases: Sequence[JudgeCase]) -> list[list[Verdict]]:
-        """For each case, one verdict per candidate, in order."""
-        ...
-
-
-# --- the offline judge -----------------------------------------------------------------------
-
-_FUNCTIONAL_METRICS = {p.value for p in SINGLE_VALUED_PREDICATES}
-
-
-def _office_role(office_name: str) -> str:
-    return office_name.rpartition(" of ")[0] or office_name
-
-
-def _normalised_value(value: str | None) -> str:
-    return re.sub(r"[^\w.%$]", "", (value or "").lower())
-
-
-def _measure(value: str | None) -> str:
-    """What a value measures: an amount of money, a percentage (growth or margin) or basis points."""
-    text = (value or "").lower()
-    return "money" if "$" in text else "percent" if "%" in text or "percent" in text else "bps" if "basis point" in text else "other"
-
-
-class RuleJudge:
-    """Rule-based judge for functional relations.
-
-    - One holder at a time: a newer, different holder of the same functional office (CEO,
-      CFO, ...) at the same organisation retires the older holder. The same person restated,
-      or a second, non-exclusive office, is compatible.
-    - One value per metric per period: a newer, different value for the same subject,
-      predicate (guidance or revenue) and metric-period retires the older value.
-    """
-
-    name = "rules:functional-v1"
-
-    def settings_fingerprint(self, stage: str) -> str:
-        """Besides the rules, the vocabulary and the policy (tkg.core.policy) decide the verdicts."""
-        from tkg.core.models import vocabulary_fingerprint
-
-        return f"{vocabulary_fingerprint()}:{policy_fingerprint()}"
-
-    def judge(self, cases: Sequence[JudgeCase]) -> list[list[Verdict]]:
-        return [[self._verdict(case.primary, candidate) for candidate in case.candidates] for case in cases]
-
-    def _verdict(self, primary: EventView, secondary: EventView) -> Verdict:
-        if secondary.valid_at is None or primary.valid_at is None or secondary.valid_at <= primary.valid_at:
-            return Verdict(False, "the candidate does not start after the primary event")
-        for old in primary.triplets:
-            for new in secondary.triplets:
-                if old.predicate != new.predicate:
-                    continue
-                if old.predicate == Predicate.HOLDS_ROLE.value and old.object_id and old.object_id == new.object_id:
-                    role = _office_role(old.object)
-                    if role not in FUNCTIONAL_OFFICES:
-                        continue
-                    if old.subject_id != new.subject_id:
-                        return Verdict(True, f"{new.subject} holds {old.object} from {secondary.valid_at.date()}, "
-                                             f"and {role} is held by one person at a time")
-                    return Verdict(False, f"{old.subject} restated as {old.object}: compatible")
-                if (old.predicate in _FUNCTIONAL_METRICS and old.subject_id == new.subject_id and old.object_id
-                        and old.object_id == new.object_id):
-                    if _measure(old.value) != _measure(new.value):
-                        return Verdict(False, f"{old.value} and {new.value} measure different things: both can hold")
-                    if _normalised_value(old.value) != _normalised_value(new.value):
-                        return Verdict(True, f"{old.object} revised from {old.value} to {new.value}")
-                    return Verdict(False, f"{old.object} restated at {old.value}: compatible")
-        return Verdict(False, "no functional relation in common: both can hold at once")
-
-
-# --- candidate selection and application -----------------------------------------------------
 
 
 @dataclass
@@ -164,8 +37,6 @@ class InvalidationResult:
     judgments: pa.Table
     counts: Counter = field(default_factory=Counter)
     figure_invalidations: pa.Table = field(default_factory=lambda: tables.FIGURE_INVALIDATIONS.empty_table())
-    path: Path | None = None
-    stamp: object = None  # the tkg.core.versions.Stamp the tables were written with
 
 
 def canonical_triplets(triplets: pa.Table, mapping: pa.Table, canonical: pa.Table) -> pa.Table:
@@ -182,8 +53,8 @@ def invalidate(
     resolved_triplets: pa.Table,
     judge: Judge,
     figures: pa.Table | None = None,
-    min_cosine: float = MIN_COSINE,
-    top_k: int = TOP_K,
+    min_cosine: float | None = None,
+    top_k: int | None = None,
 ) -> InvalidationResult:
     """Judge every candidate pair and retire what the judge says is contradicted; revise
     guidance figures (tkg.invalidate.revisions) and retire statements whose figures were all revised.
@@ -193,7 +64,9 @@ def invalidate(
     counts: Counter = Counter()
     facts = _fact_events(events, resolved_triplets)
     links = _links(resolved_triplets, facts)
-    pairs = select_candidates(facts, links, min_cosine, top_k)
+    rules = policy.POLICY
+    pairs = select_candidates(facts, links, rules.min_cosine if min_cosine is None else min_cosine,
+                              rules.top_k if top_k is None else top_k)
     counts["fact_events"] = facts.num_rows
     counts["candidate_pairs"] = pairs.num_rows
 
@@ -257,11 +130,11 @@ def _fact_events(events: pa.Table, resolved_triplets: pa.Table) -> pa.Table:
         connection.register("events", events)
         connection.register("resolved_triplets", resolved_triplets)
         return connection.sql(read_sql("pipeline/fact_events.sql"),
-                              params=[list(INVALIDATED_STATEMENT_TYPES), list(NEVER_INVALIDATED_TEMPORAL_TYPES)]).to_arrow_table()
+                              params=[list(policy.POLICY.statement_types), list(policy.POLICY.never)]).to_arrow_table()
 
 
 def _links(resolved_triplets: pa.Table, facts: pa.Table) -> pa.Table:
-    groups = {p.value: g for p, g in PREDICATE_GROUP_OF.items()}
+    groups = {p.value: g for p, g in policy.POLICY.group_of.items()}
     fact_ids = set(facts.column("event_id").to_pylist())
     rows = []
     for row in resolved_triplets.select(["event_id", "subject_id", "object_id", "predicate"]).to_pylist():

@@ -31,6 +31,8 @@ import yaml
 from tkg.core import tables
 from tkg.core.paths import CONFIG_DIR
 
+# Bump when the scoring changes (the settings file is part of the code version too).
+RETENTION_VERSION = "fact-relevance-1"
 DEFAULT_SETTINGS = CONFIG_DIR / "retention.yaml"
 
 

@@ -23,8 +23,7 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from tkg.core import tables
-from tkg.core.policy import FIGURE_JUDGE, GUIDANCE_KEY, figure_values_agree
+from tkg.core import policy, tables
 
 _SHORT_SCALES = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"))
 
@@ -57,7 +56,7 @@ class FigureRevisions:
 
 
 def _period_key(row: dict) -> tuple:
-    return tuple(row[column] for column in GUIDANCE_KEY)
+    return tuple(row[column] for column in policy.POLICY.guidance_key)
 
 
 def _bases_agree(guidance: dict, actual: dict) -> bool:
@@ -72,7 +71,7 @@ def _retirer(guidance: dict, later: list[dict]) -> tuple[dict, str] | None:
         if row["kind"] == "reported" and _bases_agree(guidance, row):
             return row, (f"{period_label(guidance)} {guidance['metric']} reported at {describe(row)}: "
                          f"the guidance of {describe(guidance)} is retired")
-        if row["kind"] == "guidance" and row["basis"] == guidance["basis"] and not figure_values_agree(guidance, row):
+        if row["kind"] == "guidance" and row["basis"] == guidance["basis"] and not policy.POLICY.figure_values_agree(guidance, row):
             return row, f"{period_label(guidance)} {guidance['metric']} guidance revised from {describe(guidance)} to {describe(row)}"
     return None
 
@@ -99,7 +98,7 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
                                   "expired_at": winner["stated_at"], "invalidated_by": winner["event_id"],
                                   "invalidated_by_figure": winner["figure_id"], "reason": reason})
             judgments.append({"primary_event_id": row["event_id"], "secondary_event_id": winner["event_id"], "invalidates": True,
-                              "reason": reason, "judge": FIGURE_JUDGE, "cosine": None, "shared_entity_id": None,
+                              "reason": reason, "judge": policy.POLICY.figure_judge, "cosine": None, "shared_entity_id": None,
                               "predicate_group": None})
     by_event: dict[str, list[str]] = defaultdict(list)
     for row in rows:

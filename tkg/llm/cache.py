@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -109,9 +108,8 @@ class PostgresResponseCache:
 
 
 def open_cache(home: str | Path, location: str | None = None) -> ResponseCache | PostgresResponseCache:
-    """The response cache: `location` (else TKG_CACHE) when it is a postgresql:// URL, else the
-    SQLite file `<home>/cache/llm_responses.sqlite`."""
-    location = location or os.environ.get("TKG_CACHE") or None
+    """The response cache: `location` (the settings' TKG_CACHE) when it is a postgresql:// URL,
+    else the SQLite file `<home>/cache/llm_responses.sqlite`."""
     if location and location.startswith(("postgresql://", "postgres://")):
         return PostgresResponseCache(location)
     if location:

@@ -31,7 +31,7 @@ from openai.lib._parsing._responses import type_to_text_format_param
 from pydantic import BaseModel
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from tkg.extract.base import StageStats
+from tkg.core.results import StageStats
 from tkg.llm.prompts import RenderedPrompt
 from tkg.llm.settings import LLMSettings
 from tkg.llm.wire import InvalidOutput

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tkg.core import policy
 from tkg.core.companies import get_company
 from tkg.core.embeddings import normalise_rows
 from tkg.core.models import (
@@ -35,13 +36,13 @@ from tkg.core.models import (
     RawStatement,
     TemporalValidityRange,
 )
-from tkg.core.policy import describe_single_valued
-from tkg.extract.base import DocumentContext, StageStats
+from tkg.core.results import Counted, StageStats
+from tkg.extract.base import DocumentContext
 from tkg.extract.figures import segment_patterns
-from tkg.invalidate.invalidation import EventView, JudgeCase, Verdict
+from tkg.invalidate.judges import EventView, JudgeCase, Verdict
 from tkg.llm.cache import ResponseCache, cache_key, normalise
 from tkg.llm.client import LLMClient, RequestFailed
-from tkg.llm.prompts import render, template_sha256
+from tkg.llm.prompts import TEMPLATES, render, template_sha256
 from tkg.llm.settings import LLMSettings
 from tkg.llm.wire import (
     FiguresOut,
@@ -61,14 +62,6 @@ log = logging.getLogger(__name__)
 
 _DIGIT = re.compile(r"\d")
 
-TEMPLATES = {
-    "statements": "statement_extraction.j2",
-    "validity": "validity_extraction.j2",
-    "triplets": "triplet_extraction.j2",
-    "figures": "figure_extraction.j2",
-    "judge": "invalidation_judge.j2",
-    "planner": "retrieval_planner.j2",
-}
 
 
 def stage_fingerprint(settings: LLMSettings, stage: str) -> str:
@@ -90,38 +83,25 @@ def shared_client(settings: LLMSettings, api_key: str | None) -> LLMClient:
         return _CLIENTS[identity]
 
 
-class _Stages:
-    """Per-stage counters, and their rows for the llm_calls table."""
+class _Stages(Counted):
+    """What the LLM providers share: the client, the cache, and their counters' rows of the
+    llm_calls table."""
 
     def __init__(self, client: LLMClient, cache: ResponseCache) -> None:
         self.client, self.cache, self.settings = client, cache, client.settings
-        self._stats: dict[str, StageStats] = {}
-        self._reported: dict[str, StageStats] = {}
 
     def settings_fingerprint(self, stage: str) -> str:
         return stage_fingerprint(self.settings, stage)
 
-    def stats(self, stage: str) -> StageStats:
-        return self._stats.setdefault(stage, StageStats())
-
-    def usage_rows(self, step: str) -> list[dict]:
-        """Usage since the previous call, per stage: one component may serve several steps
-        (the embedder serves temporal_events and entities), and each request counts once."""
-        rows = []
-        for stage, total in sorted(self._stats.items()):
-            stats = total.since(self._reported.get(stage, StageStats()))
-            self._reported[stage] = total.snapshot()
-            if not (stats.requests or stats.cache_hits or stats.dropped_total):
-                continue
-            summary = stats.summary()
-            rows.append({
-                "step": step, "stage": stage, "backend": "openai",
-                "model": self.settings.embedding_model if stage == "embeddings" else self.settings.model(stage),
-                **{k: v for k, v in summary.items() if k not in {"dropped_by_reason", "repaired_by_reason"}},
-                "dropped_by_reason": json.dumps(summary["dropped_by_reason"], sort_keys=True),
-                "repaired_by_reason": json.dumps(summary["repaired_by_reason"], sort_keys=True),
-            })
-        return rows
+    def usage_row(self, counter: str, usage: StageStats) -> dict | None:
+        summary = usage.summary()
+        return {
+            "stage": counter, "backend": "openai",
+            "model": self.settings.embedding_model if counter == "embeddings" else self.settings.model(counter),
+            **{k: v for k, v in summary.items() if k not in {"dropped_by_reason", "repaired_by_reason"}},
+            "dropped_by_reason": json.dumps(summary["dropped_by_reason"], sort_keys=True),
+            "repaired_by_reason": json.dumps(summary["repaired_by_reason"], sort_keys=True),
+        }
 
 
 def _batches(items: list, size: int) -> list[list]:
@@ -131,6 +111,8 @@ def _batches(items: list, size: int) -> list[list]:
 
 class LLMExtractor(_Stages):
     """`Extractor` over an OpenAI-compatible API."""
+
+    counters = ("statements", "validity", "triplets", "figures")
 
     name = "openai"
 
@@ -275,6 +257,8 @@ class LLMExtractor(_Stages):
 class OpenAIEmbedder(_Stages):
     """`Embedder` over the embeddings API, cached per text, batched per request."""
 
+    counters = ("embeddings",)
+
     def __init__(self, client: LLMClient, cache: ResponseCache) -> None:
         super().__init__(client, cache)
         self.dimension = self.settings.embedding_dimensions
@@ -316,6 +300,8 @@ class LLMJudge(_Stages):
     """`Judge` over an OpenAI-compatible API: one request per primary event for all its
     uncached candidates, each verdict with a reason, cached per (primary, candidate) pair."""
 
+    counters = ("judge",)
+
     def __init__(self, client: LLMClient, cache: ResponseCache) -> None:
         super().__init__(client, cache)
         self.name = f"llm:{self.settings.model('judge')}"
@@ -352,7 +338,7 @@ class LLMJudge(_Stages):
 
         async def ask(case_index: int, candidate_indices: list[int]) -> None:
             case = cases[case_index]
-            prompt = render(TEMPLATES["judge"], primary=self._view(case.primary), single_valued=describe_single_valued(),
+            prompt = render(TEMPLATES["judge"], primary=self._view(case.primary), single_valued=policy.POLICY.describe_single_valued(),
                             candidates=[self._view(case.candidates[c], local) for local, c in enumerate(candidate_indices)])
             try:
                 verdicts = await self.client.structured("judge", prompt, JudgeOut,

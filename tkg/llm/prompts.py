@@ -15,6 +15,16 @@ import jinja2
 
 from tkg.core.paths import prompts_dir
 
+# The template of each LLM task (its usage counter): prompts/<name>.
+TEMPLATES = {
+    "statements": "statement_extraction.j2",
+    "validity": "validity_extraction.j2",
+    "triplets": "triplet_extraction.j2",
+    "figures": "figure_extraction.j2",
+    "judge": "invalidation_judge.j2",
+    "planner": "retrieval_planner.j2",
+}
+
 
 @dataclass(frozen=True)
 class RenderedPrompt:

@@ -8,7 +8,9 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 
-from tkg.core.models import VOCABULARY_STAGES, vocabulary_fingerprint
+from tkg.core import policy
+from tkg.core.policy import VOCABULARY_STAGES, vocabulary_fingerprint
+from tkg.extract import figures
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +65,9 @@ class LLMSettings:
         if stage in VOCABULARY_STAGES:
             relevant["vocabulary"] = vocabulary_fingerprint()
         if stage == "judge":
-            from tkg.core.policy import policy_fingerprint
-
-            relevant["policy"] = policy_fingerprint()
+            relevant["policy"] = policy.POLICY.fingerprint()
         if stage == "figures":  # the prompt lists the company's segments, and answers are checked against them
-            from tkg.extract.figures import segments_fingerprint
-
-            relevant["segments"] = segments_fingerprint()
+            relevant["segments"] = figures.segments_fingerprint()
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
     def cost_usd(self, model: str, input_tokens: int, cached_tokens: int, output_tokens: int) -> float:

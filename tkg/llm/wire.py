@@ -33,7 +33,7 @@ from tkg.core.models import (
     TemporalValidityRange,
     parse_datetime_utc,
 )
-from tkg.extract.base import StageStats
+from tkg.core.results import StageStats
 from tkg.extract.figures import Segment
 
 
@@ -120,7 +120,7 @@ class JudgeOut(BaseModel):
     verdicts: list[WireVerdict]
 
 
-def _load(text: str, key: str) -> list[Any]:
+def load_list(text: str, key: str) -> list[Any]:
     """The list under `key` of a JSON object; tolerates a code fence around it."""
     stripped = re.sub(r"^\s*```(?:json)?\s*|\s*```\s*$", "", text or "")
     try:
@@ -135,7 +135,7 @@ def _load(text: str, key: str) -> list[Any]:
 def _asked_items(text: str, expected: list[int], stats: StageStats, stage: str) -> Iterator[dict[str, Any]]:
     """The items of a batched answer that answer a statement asked about (by `index`); any
     other item is dropped and counted as `<stage>_unknown_index`."""
-    for item in _load(text, "items"):
+    for item in load_list(text, "items"):
         if not isinstance(item, dict) or item.get("index") not in expected:
             stats.drop(f"{stage}_unknown_index")
             continue
@@ -144,7 +144,7 @@ def _asked_items(text: str, expected: list[int], stats: StageStats, stage: str) 
 
 def parse_statements(text: str, stats: StageStats) -> list[RawStatement]:
     statements = []
-    for item in _load(text, "statements"):
+    for item in load_list(text, "statements"):
         try:
             statement = RawStatement.model_validate(item)
         except ValidationError:
@@ -245,7 +245,7 @@ def parse_figures(text: str, expected: list[int], stats: StageStats, segments: t
 
 def parse_verdicts(text: str, count: int, stats: StageStats) -> dict[int, tuple[bool, str]]:
     verdicts: dict[int, tuple[bool, str]] = {}
-    for item in _load(text, "verdicts"):
+    for item in load_list(text, "verdicts"):
         index = item.get("candidate_index") if isinstance(item, dict) else None
         if not isinstance(index, int) or not 0 <= index < count:
             stats.drop("verdict_unknown_candidate")

@@ -33,7 +33,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from itertools import groupby
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -51,6 +50,8 @@ from tkg.core.embeddings import embedding_matrix
 from tkg.core.names import company_for_name, fold, organisation_key
 from tkg.core.roles import parse_offices
 
+# Bump when resolution's rules change: canonical_entities is then rebuilt.
+RESOLUTION_VERSION = "entity-resolution-2"
 FUZZY_THRESHOLD = 92  # whole-string ratio on folded names (seed: partial_ratio >= 80)
 EXTENSION_THRESHOLD = 90  # partial_ratio band where one name extends another
 DESCRIPTION_COSINE = 0.85
@@ -616,8 +617,6 @@ class Resolution:
     canonical_entities: pa.Table
     mapping: pa.Table
     counts: Counter
-    path: Path | None = None
-    stamp: Any = None  # the tkg.core.versions.Stamp the tables were written with
 
 
 def _registry_canonicals() -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], str]]:

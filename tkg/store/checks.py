@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from tkg.core import policy
 from tkg.core.models import Predicate
-from tkg.core.policy import FUNCTIONAL_OFFICES
 
 # Per partition: a call yields at least this many chunks, and a chunk at most this many
 # statements; outside these bounds a stage has gone wrong (an empty parse, a runaway split).
@@ -104,7 +104,7 @@ CHECKS = (
            AND a.valid_at < coalesce(b.invalid_at, 'infinity'::TIMESTAMPTZ)
            AND b.valid_at < coalesce(a.invalid_at, 'infinity'::TIMESTAMPTZ)
           WHERE a.role IN (SELECT unnest(?::VARCHAR[]))
-          """, blocking=False, parameters=(sorted(FUNCTIONAL_OFFICES),)),
+          """, blocking=False, parameters=(sorted(policy.POLICY.offices),)),
 )
 
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from tkg.core.machine import process_alive
 from tkg.core.versions import Stamp, read_stamp, read_stamp_from
 
 # Temporary files carry the host and process that write them, so a later run can tell the
@@ -37,15 +38,6 @@ def temporary_path(target: Path, suffix: str = ".tmp") -> Path:
     return target.with_name(f".{target.name}.{_host()}-{os.getpid()}.{secrets.token_hex(4)}{suffix}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
 
 def remove_orphaned_temporaries(root: Path) -> list[Path]:
     """Delete the temporary files that writers on this host left behind when they were killed
@@ -56,7 +48,7 @@ def remove_orphaned_temporaries(root: Path) -> list[Path]:
         return removed
     for path in root.rglob(".*"):
         match = _TEMPORARY.match(path.name)
-        if match and match["host"] == host and not _alive(int(match["pid"])):
+        if match and match["host"] == host and not process_alive(int(match["pid"])):
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
@@ -84,10 +76,6 @@ def locked(path: Path, waiting: Callable[[str], None] | None = None) -> Iterator
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
-
-def storage_uri(home: str | os.PathLike) -> str:
-    """Where the Parquet system of record lives: $TKG_STORAGE, else `<home>/parquet`."""
-    return os.environ.get("TKG_STORAGE") or str(Path(home).expanduser().resolve() / "parquet")
 
 
 def _s3_filesystem() -> pafs.S3FileSystem:
@@ -136,8 +124,10 @@ class ParquetStore:
     """
 
     def __init__(self, home: str | os.PathLike, storage: str | None = None) -> None:
+        """The store of data folder `home`: `storage` (a folder or s3://bucket/prefix, see
+        tkg.settings), else `<home>/parquet`."""
         self.root = Path(home).expanduser().resolve()
-        self.uri = storage or storage_uri(self.root)
+        self.uri = storage or str(self.root / "parquet")
         self.filesystem, base = open_location(self.uri)
         self.is_local = isinstance(self.filesystem, pafs.LocalFileSystem)
         self.parquet_root: PurePath = Path(base) if self.is_local else PurePosixPath(base)

@@ -22,7 +22,7 @@ from typing import Callable
 import duckdb
 import pyarrow as pa
 
-from tkg.core import tables
+from tkg.core.ids import short_version
 from tkg.core.paths import sql_dir
 from tkg.core.versions import Stamp
 from tkg.store.parquet import ParquetStore, temporary_path
@@ -39,22 +39,13 @@ class RawTable:
     pattern: str | None = None  # a glob under the Parquet root, for tables written by several steps
 
 
-RAW_TABLES = (
-    RawTable("transcripts", "transcripts", tables.TRANSCRIPTS),
-    RawTable("chunks", "chunks", tables.CHUNKS),
-    RawTable("statements", "statements", tables.STATEMENTS),
-    RawTable("events", "temporal_events", tables.EVENTS),
-    RawTable("triplets", "triplets", tables.TRIPLETS),
-    RawTable("figures", "figures", tables.FIGURES),
-    RawTable("entities", "entities", tables.ENTITIES),
-    RawTable("canonical_entities", "canonical_entities", tables.CANONICAL_ENTITIES, "canonical_entities"),
-    RawTable("entity_resolution", "canonical_entities", tables.ENTITY_RESOLUTION, "entity_resolution"),
-    RawTable("event_invalidations", "invalidated_events", tables.EVENT_INVALIDATIONS, "event_invalidations"),
-    RawTable("invalidation_judgments", "invalidated_events", tables.INVALIDATION_JUDGMENTS, "invalidation_judgments"),
-    RawTable("figure_invalidations", "invalidated_events", tables.FIGURE_INVALIDATIONS, "figure_invalidations"),
-    RawTable("fact_relevance", "fact_relevance", tables.FACT_RELEVANCE, "fact_relevance"),
-    RawTable("llm_calls", "llm_calls", tables.LLM_CALLS, pattern="llm_calls/**/llm_calls.parquet"),
-)
+# Bump when publishing changes (every SQL model's text is part of the code version too).
+WAREHOUSE_VERSION = "warehouse-2"
+
+
+def warehouse_code_version() -> str:
+    """The published file's code version: it covers every SQL model."""
+    return short_version(WAREHOUSE_VERSION, *(model.sha256 for model in load_models()))
 
 
 @dataclass(frozen=True)
@@ -204,9 +195,11 @@ def published_stamp(target: Path) -> Stamp | None:
     return Stamp.from_json(row[0]) if row else None
 
 
-def publish(store: ParquetStore, target: Path, models: list[SqlModel] | None = None, stamp: Stamp | None = None,
-            check: Callable[[duckdb.DuckDBPyConnection], None] | None = None, info: dict[str, str] | None = None) -> PublishResult:
-    """Build a fresh warehouse file from the Parquet tree and swap it onto `target`.
+def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], models: list[SqlModel] | None = None,
+            stamp: Stamp | None = None, check: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+            info: dict[str, str] | None = None) -> PublishResult:
+    """Build a fresh warehouse file from the Parquet tree (`raw_tables`, the stage catalog's) and
+    swap it onto `target`.
 
     `info` adds rows to `raw.build_info` (e.g. `embedder`: what the statement vectors are, so a
     query embeds questions in the same space).
@@ -227,7 +220,7 @@ def publish(store: ParquetStore, target: Path, models: list[SqlModel] | None = N
             for key, value in (info or {}).items():
                 connection.execute("INSERT INTO raw.build_info VALUES (?, ?)", [key, value])
             connection.execute("CREATE TABLE raw.sql_models (name VARCHAR PRIMARY KEY, sql_sha256 VARCHAR, description VARCHAR)")
-            for raw in RAW_TABLES:
+            for raw in raw_tables:
                 result.raw_rows[raw.name] = _load_raw(connection, store, raw)
             for model in models:
                 apply_model(connection, model)

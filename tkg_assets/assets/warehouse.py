@@ -7,17 +7,14 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 
-from resources.tkg import ExtractionBackend, TkgStorage
+from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, fetch_warehouse, settings_of, share_warehouse
+from tkg.build.catalog import WAREHOUSE
 from tkg.build.graph import run_warehouse
-from tkg.build.state import warehouse_code_version
 from tkg.store.checks import CHECKS, CheckResult, WarehouseCheckFailed, guard
-from tkg.store.warehouse import SqlModel, applied_sha256s, describe_models, load_models, reapply_model
+from tkg.store.warehouse import SqlModel, applied_sha256s, describe_models, load_models, reapply_model, warehouse_code_version
 from tkg_assets.assets.common import OWNERS, column_schema
 from tkg_assets.automation import SQL_MODEL_AUTOMATION, WAREHOUSE_AUTOMATION
 from tkg_assets.instance import DUCKDB_POOL
-
-PIPELINE_ASSETS = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "figures", "entities",
-                   "canonical_entities", "invalidated_events", "fact_relevance")
 
 
 def _check_result(result: CheckResult) -> dg.AssetCheckResult:
@@ -31,23 +28,20 @@ def _check_result(result: CheckResult) -> dg.AssetCheckResult:
     group_name="warehouse",
     kinds={"duckdb"},
     owners=OWNERS,
-    deps=list(PIPELINE_ASSETS),
+    deps=list(WAREHOUSE.inputs),
     code_version=warehouse_code_version(),
+    description=WAREHOUSE.description,
     pool=DUCKDB_POOL,
     automation_condition=WAREHOUSE_AUTOMATION,
     check_specs=[dg.AssetCheckSpec(check.name, asset="warehouse", description=check.description, blocking=check.blocking)
                  for check in CHECKS],
 )
-def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage, extraction: ExtractionBackend) -> dg.MaterializeResult:
-    """Publishes tkg.duckdb: a fresh file holding the Parquet tables (schema `raw`) and every
-    SQL model, swapped into place atomically, so readers never block the pipeline and always
-    see a consistent snapshot. Query it with `duckdb -readonly` or `tkg sql`. The checks run on
-    the new file before the swap: if a blocking one fails, the new file is discarded and the
-    last good one stays."""
+def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage, source: TranscriptSource,
+              extraction: ExtractionBackend) -> dg.MaterializeResult:
     results: list[CheckResult] = []
+    settings = settings_of(storage, source, extraction)
     try:
-        published = run_warehouse(storage.store, storage.warehouse_path, check=guard(results),
-                                  embedder=extraction.plain().embedder_name())
+        published = run_warehouse(settings, check=guard(results))
     except WarehouseCheckFailed as failure:
         for result in failure.results:
             evaluation = _check_result(result)
@@ -55,7 +49,7 @@ def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage, extraction
                                                       passed=result.passed, severity=evaluation.severity,
                                                       metadata=evaluation.metadata))
         raise dg.Failure(description=str(failure)) from None
-    storage.share_warehouse()
+    share_warehouse(settings)
     metadata = {"path": dg.MetadataValue.path(str(published.path)), "size_bytes": published.size_bytes,
                 "raw_rows": dg.MetadataValue.json(published.raw_rows), "models": ", ".join(published.models)}
     growth = _growth_markdown(context, published.path)
@@ -111,8 +105,9 @@ def sql_models(context: dg.AssetExecutionContext, storage: TkgStorage):
     """The SQL models of the published file (one asset per sql/*.sql file, in one step): each
     re-applies its SQL if the file changed since the publish, and reports its row count and
     column schema."""
-    target = storage.warehouse_path
-    storage.fetch_warehouse()
+    settings = settings_of(storage)
+    target = settings.warehouse
+    fetch_warehouse(settings)
     if not target.exists():
         raise FileNotFoundError(f"{target} does not exist; materialise `warehouse` first")
     selected = [model for model in MODELS if dg.AssetKey(["sql", model.name]) in context.selected_asset_keys]
@@ -122,7 +117,7 @@ def sql_models(context: dg.AssetExecutionContext, storage: TkgStorage):
         context.log.info(f"sql/{model.name}.sql changed since the last publish; re-applying it")
         reapply_model(target, model)
     if changed:
-        storage.share_warehouse()
+        share_warehouse(settings)
     descriptions = describe_models(target, selected)
     for model in selected:
         key, description = dg.AssetKey(["sql", model.name]), descriptions[model.name]

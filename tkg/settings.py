@@ -1,0 +1,102 @@
+"""Every setting of a tkg process, resolved once.
+
+The command line (or the Dagster resources) comes first, then the TKG_* variables, then the
+defaults. `Settings.resolve` is the one place that reads them; the frozen `Settings` it returns
+is passed down to the Dagster definitions, the worker processes, the providers and the stores,
+none of which reads the environment for these settings again.
+
+Secrets are not part of it. The API key is read where a client is made (OPENAI_API_KEY, or the
+Dagster resource's EnvVar), and a shared cache URL (which may hold a password) is kept out of
+repr, logs and metadata.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tkg.core.embeddings import wordllama_name
+from tkg.llm.settings import LLMSettings, choose_backend, choose_embeddings, settings_from_env
+from tkg.store.parquet import ParquetStore
+
+
+def _path(value: str | os.PathLike) -> Path:
+    return Path(value).expanduser().resolve()
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "") not in ("", "0", "false")
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path  # Parquet (by default), caches, the Dagster instance, tkg.duckdb (TKG_HOME)
+    warehouse: Path  # the published DuckDB file (TKG_DUCKDB; default <home>/tkg.duckdb)
+    storage: str  # root of the Parquet system of record: a folder or s3://bucket/prefix (TKG_STORAGE)
+    dagster_home: Path  # the Dagster instance (DAGSTER_HOME; default <home>/dagster_home)
+    source: str = "sample"  # 'sample', a .parquet/.jsonl/.csv file, or 'hf' (TKG_SOURCE)
+    backend: str = "offline"  # offline | openai: extraction and the judge (TKG_LLM)
+    embeddings: str = "wordllama"  # wordllama | openai: statement and description embeddings (TKG_EMBEDDINGS)
+    llm: LLMSettings = field(default_factory=LLMSettings)  # models, server, batching, limits (TKG_MODEL_*, ...)
+    duckdb_upload: str | None = None  # s3://bucket/key each published file is shared at (TKG_DUCKDB_UPLOAD)
+    cache: str | None = field(default=None, repr=False)  # a shared postgresql:// response cache (TKG_CACHE)
+    allow_partial: bool = False  # keep what a stage extracted when items went unanswered (TKG_ALLOW_PARTIAL)
+
+    @classmethod
+    def resolve(cls, *, home: str | os.PathLike | None = None, warehouse: str | os.PathLike | None = None,
+                storage: str | None = None, duckdb_upload: str | None = None, source: str | None = None,
+                backend: str | None = None, embeddings: str | None = None, base_url: str | None = None,
+                api_mode: str | None = None, batch_size: int | None = None, max_in_flight: int | None = None,
+                service_tier: str | None = None, cache: str | None = None, allow_partial: bool | None = None) -> Settings:
+        """The settings a value given here, else its variable, else its default, decides."""
+        environ = os.environ
+        home_path = _path(home or environ.get("TKG_HOME") or "tkg_data")
+        overrides = {name: value for name, value in (("base_url", base_url), ("api_mode", api_mode),
+                                                      ("batch_size", batch_size), ("max_in_flight", max_in_flight),
+                                                      ("service_tier", service_tier)) if value is not None}
+        llm = replace(settings_from_env(), **overrides)
+        chosen = choose_backend(backend, llm.base_url)
+        return cls(
+            home=home_path,
+            warehouse=_path(warehouse or environ.get("TKG_DUCKDB") or home_path / "tkg.duckdb"),
+            storage=storage or environ.get("TKG_STORAGE") or str(home_path / "parquet"),
+            dagster_home=_path(environ["DAGSTER_HOME"]) if environ.get("DAGSTER_HOME") else home_path / "dagster_home",
+            source=source or environ.get("TKG_SOURCE") or "sample",
+            backend=chosen,
+            embeddings=choose_embeddings(embeddings, chosen),
+            llm=llm,
+            duckdb_upload=duckdb_upload or environ.get("TKG_DUCKDB_UPLOAD") or None,
+            cache=cache or environ.get("TKG_CACHE") or None,
+            allow_partial=_flag(environ.get("TKG_ALLOW_PARTIAL")) if allow_partial is None else allow_partial,
+        )
+
+    @property
+    def offline(self) -> bool:
+        return self.backend == "offline"
+
+    def store(self) -> ParquetStore:
+        return ParquetStore(self.home, self.storage)
+
+    def with_changes(self, **changes: object) -> Settings:
+        return replace(self, **changes)
+
+    def for_workers(self, workers: int) -> Settings:
+        """The settings of one of `workers` processes: the request limit is per process, so it is
+        split between them, and together they keep to it."""
+        return replace(self, llm=replace(self.llm, max_in_flight=max(1, self.llm.max_in_flight // max(1, workers))))
+
+    def embedder_name(self) -> str:
+        """The model the statement vectors come from, as recorded in raw.build_info."""
+        if self.embeddings == "wordllama":
+            return wordllama_name()
+        return f"{self.llm.embedding_model}-{self.llm.embedding_dimensions}"
+
+    def describe(self) -> str:
+        """One line for logs: backend, models, server, batching. Never a key or a password."""
+        if self.offline:
+            return f"offline rules and judge, {self.embeddings} embeddings"
+        llm = self.llm
+        return (f"openai-compatible at {llm.base_url or 'api.openai.com'} ({llm.api_mode} API), "
+                f"models {llm.models}, batch size {llm.batch_size}, at most {llm.max_in_flight} in flight, "
+                f"{self.embeddings} embeddings")
