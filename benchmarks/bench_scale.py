@@ -1,17 +1,20 @@
-"""Benchmark: tkg's global steps (entity resolution, invalidation with its candidate selection,
-fact relevance, publishing tkg.duckdb) on synthetic Parquet stores of growing size, and what
-5,000 companies x 40 quarters would cost.
+"""Benchmark: tkg's global half (entity resolution, the sharded invalidation steps, fact
+relevance, publishing tkg.duckdb) on synthetic Parquet stores of growing size, cold and after
+one new quarter, and what 5,000 companies x 40 quarters would cost.
 
-    nice -n 5 python benchmarks/bench_scale.py [--sizes 100000,1000000,5000000] [--llm-home DIR]
+    nice -n 5 python benchmarks/bench_scale.py [--sizes 1000000,5000000,10000000] [--increment-at 5000000]
 
-For every size a store is generated (benchmarks/synthetic.py, `write_scaled_store`), then each
-global step runs as tkg.build.graph runs it, on that ParquetStore, in a child process of its own: its
-wall time, its peak resident memory (the child's ru_maxrss, and sampled every 0.25 s), and the
-time and peak memory of its phases (tkg's functions wrapped with a clock in the child). A step
-that passes the memory guard (20 GB) or the timeout (25 min) is stopped, and that is the result.
-`--llm-home` names a data folder built with tkg's LLM path (its `llm_calls` accounting gives the
-per-call requests and tokens of the cost estimate); without it the estimate uses
-benchmarks/results/llm.json. Results: benchmarks/results/scale.json and a report on stdout.
+For every size a store is generated (benchmarks/synthetic.py, `write_scaled_store`). Its
+newest quarter is held back; the cold pass runs every global step and every shard of the shard
+steps (TKG_SHARDS, `--shards`) as `tkg build` would, one process each, one after another: each
+run's wall time and peak resident memory (its ru_maxrss, and sampled every 0.25 s). At the
+sizes of `--increment-at` the held-back quarter is then added and the increment pass runs only
+what `tkg build` finds stale (tkg.build.stages.stale_work): which shards it touched, and its
+time against the cold pass. A run that passes the memory guard or the timeout is stopped, and
+that is the result. `--llm-home` names a data folder built with tkg's LLM path (its `llm_calls`
+accounting gives the per-call requests and tokens of the cost estimate); without it the
+estimate uses benchmarks/results/llm.json. Results: benchmarks/results/scale.json and a report
+on stdout.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import resource
 import shutil
 import sys
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,106 +44,42 @@ from bench_resolution_invalidation import (
 )
 
 RESULTS = HERE / "results" / "scale.json"
-STEPS = ("canonical_entities", "invalidated_events", "fact_relevance", "warehouse")
-# The step that needs another one's output, and what it needs.
-NEEDS = {"invalidated_events": "canonical_entities", "fact_relevance": None, "warehouse": "invalidated_events"}
 TARGET_COMPANIES, TARGET_QUARTERS = 5_000, 40
 ESTIMATE_MODELS = ("gpt-4.1-mini", "gpt-4o-mini")  # priced with tkg.llm.settings.DEFAULT_PRICES
 EMBEDDING_MODEL = "text-embedding-3-large"
+HELD_BACK = "held_back"  # where a store's newest quarter waits for the increment pass
 
 
 # ------------------------------------------------------------------------------------------
-# In the child: one global step, its phases clocked
+# In the child: one global step, or one shard of a shard step, or the publish
 # ------------------------------------------------------------------------------------------
 
 
-PHASE_LOG = "phases.jsonl"
-
-
-class PhaseClock:
-    """Wraps functions with a clock: (label, start, end) in epoch seconds for every call, also
-    appended to PHASE_LOG as it happens, so a step the guard stops still tells where it was."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[str, float, float]] = []
-        self.log = open(PHASE_LOG, "a", buffering=1)  # noqa: SIM115 (open for the child's life)
-
-    def wrap(self, owner: object, name: str, label=None) -> None:
-        original = getattr(owner, name)
-
-        def timed(*args, **kwargs):
-            text = label(*args) if callable(label) else label or name.lstrip("_")
-            start = time.time()
-            self.log.write(json.dumps({"phase": text, "start": start}) + "\n")
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.spans.append((text, start, time.time()))
-                self.log.write(json.dumps({"phase": text, "start": start, "end": self.spans[-1][2]}) + "\n")
-
-        setattr(owner, name, timed)
-
-
-def _worker_step(step: str, root: Path) -> int:
-    from tkg.build import catalog, stages
-    from tkg.build import graph as build
-    from tkg.invalidate import invalidation
-    from tkg.invalidate import stages as invalidate_stages
-    from tkg.invalidate.judges import RuleJudge
-    from tkg.resolve import stages as resolve_stages
+def _settings(root: Path, shards: int):
     from tkg.settings import Settings
-    from tkg.store import warehouse
-    from tkg.store.parquet import ParquetStore
 
-    settings = Settings.resolve(home=root, backend="offline", embeddings="wordllama")
-    store = ParquetStore(root)
-    clock = PhaseClock()
-    clock.wrap(stages, "consistent_versions", "read the stamps of every partition")
-    clock.wrap(build, "consistent_versions", "read the stamps of every partition")
-    clock.wrap(ParquetStore, "read_all", lambda self, asset, *rest: f"read all {asset}")
-    clock.wrap(ParquetStore, "write", "write Parquet")
-    captured: dict = {}
-    if step == "canonical_entities":
-        clock.wrap(resolve_stages, "resolve_entities")
-    elif step == "invalidated_events":
-        for name in ("canonical_triplets", "invalidate"):
-            clock.wrap(invalidate_stages, name)
-        for name in ("_fact_events", "_links", "_event_views", "revise_figures"):
-            clock.wrap(invalidation, name)
-        selector = invalidation.select_candidates
+    return Settings.resolve(home=root, backend="offline", embeddings="wordllama", shards=shards)
 
-        def select_candidates(facts, links, *args):
-            captured["links"] = links
-            return selector(facts, links, *args)
 
-        invalidation.select_candidates = select_candidates
-        clock.wrap(invalidation, "select_candidates")
-        clock.wrap(RuleJudge, "judge", "judge (RuleJudge)")
-    elif step == "warehouse":
-        clock.wrap(warehouse, "_load_raw", lambda connection, store_, raw: f"load raw.{raw.name}")
-        clock.wrap(warehouse, "apply_model", "apply the sql/ models")
+def _worker_step(step: str, shard: str | None, root: Path, shards: int) -> int:
+    from tkg.build import catalog
+    from tkg.build.graph import run_warehouse
+    from tkg.build.stages import Runtime, run_global
 
+    settings = _settings(root, shards)
     start = time.time()
-    if step in ("canonical_entities", "invalidated_events", "fact_relevance"):
-        runtime = stages.Runtime.open(settings)
-        counts = dict(stages.run_global(runtime, catalog.stage(step)).counts)
-    elif step == "warehouse":
-        published = build.run_warehouse(settings, root / "tkg.duckdb")
+    if step == "warehouse":
+        published = run_warehouse(settings, root / "tkg.duckdb")
         counts = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2)}
     elif step == "truth_resolution":
-        counts = write_truth_resolution(store)
+        counts = write_truth_resolution(settings.store())
     else:
-        raise ValueError(f"unknown step {step!r}; expected one of {', '.join(STEPS)} or truth_resolution")
+        counts = dict(run_global(Runtime.open(settings), catalog.stage(step), shard).counts)
     end = time.time()
-    report = {"step": step, "seconds": round(end - start, 2), "start": start, "end": end,
-              "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-              "spans": clock.spans, "counts": counts}
-    # Read after the clock stopped (the parent takes the step's memory from [start, end] only).
-    if step == "canonical_entities":
-        report["sharing"] = resolution_sharing(root)
-    elif step == "invalidated_events":
-        report["sharing"] = invalidation_sharing(root, captured.get("links"))
-    print(json.dumps(report, default=str))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"step": step, "shard": shard, "seconds": round(end - start, 2), "start": start, "end": end,
+                      "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2),
+                      "counts": counts}, default=str))
     return 0
 
 
@@ -150,7 +90,7 @@ def write_truth_resolution(store) -> dict:
     import pyarrow as pa
 
     from tkg.build import catalog
-    from tkg.build.state import consistent_versions, global_inputs
+    from tkg.build.state import consistent_versions, global_inputs, read_state
     from tkg.core import tables
     from tkg.core.versions import Stamp, stamped
     from tkg.resolve.resolution import RESOLUTION_VERSION
@@ -165,8 +105,9 @@ def write_truth_resolution(store) -> dict:
             "'synthetic truth' AS source FROM read_parquet($truth) GROUP BY canonical_id", params={"truth": truth}).to_arrow_table()
     canonical = pa.Table.from_arrays([canonical.column(f.name).cast(f.type) for f in tables.CANONICAL_ENTITIES],
                                      schema=tables.CANONICAL_ENTITIES)
+    state = read_state(store)
     stamp = Stamp("canonical_entities", RESOLUTION_VERSION,
-                  global_inputs(catalog.stage("canonical_entities"), consistent_versions(store), {}))
+                  global_inputs(catalog.stage("canonical_entities"), state, consistent_versions(state)))
     store.write(store.global_path("canonical_entities", "entity_resolution"), stamped(mapping, stamp))
     store.write(store.global_path("canonical_entities"), stamped(canonical, stamp))
     return {"mentions": mapping.num_rows, "canonical_entities": canonical.num_rows}
@@ -254,90 +195,142 @@ def _worker_generate(root: Path, events: int, workers: int) -> int:
 
 
 def run_child(arguments: list[str], directory: Path, timeout_s: float, args) -> dict:
-    """This script with `arguments` in a watched child: its JSON report, with the memory samples
-    turned into the step's peak and each phase's peak."""
+    """This script with `arguments` in a watched child: its JSON report, with its sampled peak."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / PHASE_LOG).unlink(missing_ok=True)
-    load_before = [round(x, 2) for x in os.getloadavg()]
     available = _meminfo_gb("MemAvailable")
     command = [sys.executable, str(Path(__file__).resolve()), *arguments]
     run = watch_child(command, directory, timeout_s, args.memory_guard_gb, args.min_available_gb)
     outcome = {"wall_s": round(run.elapsed_s, 1), "peak_rss_gb_sampled": round(run.peak_rss_kb / 2**20, 2),
-               "load_average_before": load_before, "load_average_after": [round(x, 2) for x in os.getloadavg()],
-               "memory_available_gb_at_start": available}
+               "load_average_after": [round(x, 2) for x in os.getloadavg()], "memory_available_gb_at_start": available}
     if run.stopped or run.returncode != 0:
-        logged = [json.loads(line) for line in (directory / PHASE_LOG).read_text().splitlines()] if (directory / PHASE_LOG).exists() else []
-        if logged:
-            ended = {(e["phase"], e["start"]) for e in logged if "end" in e}
-            outcome["phases"] = phase_table([(e["phase"], e["start"], e["end"]) for e in logged if "end" in e], run.samples,
-                                            logged[0]["start"])
-            outcome["running_when_stopped"] = [e["phase"] for e in logged if "end" not in e and (e["phase"], e["start"]) not in ended]
         return {"status": run.stopped or run.failure, **outcome, "error": run.error_tail}
     report = json.loads((directory / "stdout").read_text().strip().splitlines()[-1])
-    spans = report.pop("spans", [])
-    if "start" in report:
-        inside = [kb for at, kb in run.samples if report["start"] <= at <= report["end"]]
-        outcome["peak_rss_gb_sampled"] = round(max(inside, default=run.peak_rss_kb) / 2**20, 2)
-        outcome["phases"] = phase_table(spans, run.samples, report["start"])
     return {"status": "ok", **outcome, **report}
 
 
-def phase_table(spans: list, samples: list[tuple[float, int]], step_start: float) -> list[dict]:
-    """Per phase label: calls, summed seconds, first start (s into the step), peak sampled RSS."""
-    phases: dict[str, dict] = {}
-    for label, start, end in spans:
-        phase = phases.setdefault(label, {"phase": label, "calls": 0, "seconds": 0.0, "starts_at_s": round(start - step_start, 1),
-                                          "peak_rss_gb": 0.0})
-        phase["calls"] += 1
-        phase["seconds"] = round(phase["seconds"] + end - start, 2)
-        peak = max((kb for at, kb in samples if start <= at <= end), default=0)
-        phase["peak_rss_gb"] = max(phase["peak_rss_gb"], round(peak / 2**20, 2))
-    return sorted(phases.values(), key=lambda p: p["starts_at_s"])
+def _stale(root: Path, shards: int, stage_name: str) -> list[str]:
+    from tkg.build import catalog
+    from tkg.build.stages import Runtime, stale_work
+
+    return stale_work(Runtime.open(_settings(root, shards)), catalog.stage(stage_name))
 
 
-def measure_size(n: int, args, earlier: list[dict], log) -> dict:
+def run_pass(root: Path, label: str, args, log) -> dict:
+    """Every stale global step and shard, then the publish, each in a child; per step: runs, wall
+    time (summed), the biggest process, counts (summed); the pass stops at the first failure."""
+    from tkg.build import catalog
+
+    steps: dict[str, dict] = {}
+    started = time.perf_counter()
+    for stage in [*catalog.GLOBAL, None]:
+        name = stage.name if stage else "warehouse"
+        planned = time.perf_counter()
+        work = _stale(root, args.shards, name) if stage else ["*"]
+        plan_s = time.perf_counter() - planned
+        step = {"status": "ok", "runs": 0, "of": args.shards if stage is not None and stage.sharded else 1,
+                "wall_s": 0.0, "process_s": 0.0, "cpu_s": 0.0, "plan_s": round(plan_s, 2), "peak_rss_gb": 0.0, "counts": Counter(), "shards": {}}
+        for shard in work:
+            arguments = ["--worker-step", name, "--store", str(root), "--shards", str(args.shards)]
+            if shard != "*":
+                arguments += ["--shard", shard]
+            outcome = run_child(arguments, args.workdir / f"{label}_{name}_{shard.strip('*') or 'all'}", args.step_timeout, args)
+            step["runs"] += 1
+            # the step's own time (a child's start-up, imports included, is process_s)
+            step["wall_s"] = round(step["wall_s"] + outcome.get("seconds", outcome["wall_s"]), 1)
+            step["process_s"] = round(step["process_s"] + outcome["wall_s"], 1)
+            step["cpu_s"] = round(step["cpu_s"] + (outcome.get("cpu_s") or 0), 1)
+            peak = max(outcome.get("peak_rss_gb") or 0, outcome["peak_rss_gb_sampled"])
+            step["peak_rss_gb"] = max(step["peak_rss_gb"], peak)
+            step["counts"].update(outcome.get("counts") or {})
+            if shard != "*":
+                step["shards"][shard] = {"wall_s": outcome.get("seconds"), "process_s": outcome["wall_s"],
+                                         "cpu_s": outcome.get("cpu_s"), "peak_rss_gb": peak}
+            if outcome["status"] != "ok":
+                step["status"] = f"{'shard ' + shard + ': ' if shard != '*' else ''}{outcome['status']}"
+                step["error"] = outcome.get("error")
+                break
+        steps[name] = step
+        log(f"  {label} {name}: {step['status']}, {step['runs']} of {step['of']} run(s), {step['wall_s']}s, "
+            f"peak {step['peak_rss_gb']} GB{', ' + step.get('error', '') if step['status'] != 'ok' else ''}")
+        if step["status"] != "ok":
+            break
+    total = round(sum(step["wall_s"] + step["plan_s"] for step in steps.values()), 1)
+    return {"status": "ok" if all(s["status"] == "ok" for s in steps.values()) else "failed", "wall_s": total,
+            "cpu_s": round(sum(step["cpu_s"] for step in steps.values()), 1),
+            "elapsed_s": round(time.perf_counter() - started, 1),
+            "peak_rss_gb": max((s["peak_rss_gb"] for s in steps.values()), default=0.0), "steps": steps}
+
+
+def _newest_quarter(root: Path) -> str:
+    return max(path.name for path in (root / "parquet" / "transcripts").glob("company=*/quarter=*"))
+
+
+def hold_back(root: Path, quarter: str) -> dict:
+    """Move every stage file of `quarter`'s partitions out of the store (to root/held_back): the
+    new quarter the increment pass adds. Returns its partitions and events."""
+    import duckdb
+
+    events = duckdb.sql(f"SELECT count(*) FROM read_parquet('{root}/parquet/temporal_events/company=*/{quarter}/*.parquet')"
+                        ).fetchall()[0][0]
+    total = duckdb.sql(f"SELECT count(*) FROM read_parquet('{root}/parquet/temporal_events/company=*/quarter=*/*.parquet')"
+                       ).fetchall()[0][0]
+    partitions = 0
+    for folder in sorted((root / "parquet").glob(f"*/company=*/{quarter}")):
+        target = root / HELD_BACK / folder.relative_to(root / "parquet")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        folder.rename(target)
+        partitions += folder.parent.parent.name == "transcripts"
+    return {"quarter": quarter.removeprefix("quarter="), "partitions": partitions, "events": events,
+            "share_of_events": round(events / total, 4)}
+
+
+def bring_back(root: Path) -> None:
+    for folder in sorted((root / HELD_BACK).glob("*/company=*/quarter=*")):
+        target = root / "parquet" / folder.relative_to(root / HELD_BACK)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        folder.rename(target)
+    shutil.rmtree(root / HELD_BACK)
+
+
+def measure_size(n: int, args, log) -> dict:
     root = args.workdir / f"events_{n}"
-    shutil.rmtree(root, ignore_errors=True)
-    log(f"size {n:,}: generating the store in {root}")
-    generation = run_child(["--worker-generate", str(root), "--events", str(n), "--generate-workers", str(args.generate_workers)],
-                           args.workdir / f"generate_{n}", args.generate_timeout, args)
-    row = {"events_requested": n, "store": {k: v for k, v in generation.items() if k not in ("phases",)}, "steps": {}}
-    if generation["status"] != "ok":
-        log(f"  generation: {generation['status']}")
-        return row
+    if not (args.reuse and (root / "parquet").exists()):
+        shutil.rmtree(root, ignore_errors=True)
+        log(f"size {n:,}: generating the store in {root}")
+        generation = run_child(["--worker-generate", str(root), "--events", str(n), "--generate-workers", str(args.generate_workers)],
+                               args.workdir / f"generate_{n}", args.generate_timeout, args)
+        if generation["status"] != "ok":
+            log(f"  generation: {generation['status']}")
+            return {"events_requested": n, "store": generation}
+        (root / "store.json").write_text(json.dumps(generation, default=str))
+    else:  # a store of an earlier run, as generated: start again from its partitions alone
+        if (root / HELD_BACK).exists():
+            bring_back(root)
+        for stage_folder in ("_manifest", *(s.name for s in _global_stages()), "llm_calls"):
+            shutil.rmtree(root / "parquet" / stage_folder, ignore_errors=True)
+        (root / "tkg.duckdb").unlink(missing_ok=True)
+    generation = json.loads((root / "store.json").read_text())
+    row = {"events_requested": n, "store": {k: v for k, v in generation.items() if k != "phases"}, "shards": args.shards}
     log(f"  store: {generation['events']:,} events, {generation['rows']['entities']:,} mentions, {generation['partitions']:,} "
-        f"partitions, {generation['bytes_on_disk'] / 2**30:.1f} GB, generated in {generation['wall_s']:.0f}s")
-    for step in STEPS:
-        needed = NEEDS.get(step)
-        if needed and row["steps"].get(needed, {}).get("status") != "ok":
-            if step == "invalidated_events":  # measure it on the ground truth instead
-                stand_in = run_child(["--worker-step", "truth_resolution", "--store", str(root)], args.workdir / f"truth_{n}",
-                                     args.step_timeout, args)
-                row["steps"]["truth_resolution"] = stand_in
-                if stand_in["status"] != "ok":
-                    row["steps"][step] = {"status": f"not run: {needed} did not finish and its stand-in failed"}
-                    continue
-            else:
-                row["steps"][step] = {"status": f"not run: it needs {needed}, which did not finish"}
-                continue
-        fit = fit_power_law([(r["store"]["events"], r["steps"][step]["wall_s"]) for r in earlier
-                             if r["steps"].get(step, {}).get("status") == "ok"])
-        projected = project(fit, generation["events"])
-        if projected is not None and projected > args.skip_factor * args.step_timeout:
-            row["steps"][step] = {"status": f"not run: projected {projected:.0f}s from the smaller sizes, "
-                                            f"more than {args.skip_factor:g}x the {args.step_timeout:.0f}s timeout",
-                                  "projected_s": round(projected)}
-            log(f"  {step}: skipped, projected {projected:.0f}s")
-            continue
-        outcome = run_child(["--worker-step", step, "--store", str(root)], args.workdir / f"{step}_{n}", args.step_timeout, args)
-        if projected is not None:
-            outcome["projected_s"] = round(projected, 1)
-        row["steps"][step] = outcome
-        peak = outcome.get("peak_rss_gb") or outcome.get("peak_rss_gb_sampled")
-        log(f"  {step}: {outcome['status']}, wall {outcome['wall_s']}s, peak RSS {peak} GB, load {outcome['load_average_after']}")
+        f"partitions, {generation['bytes_on_disk'] / 2**30:.1f} GB")
+    row["held_back"] = hold_back(root, _newest_quarter(root))
+    log(f"  held back {row['held_back']}")
+    row["cold"] = run_pass(root, f"cold_{n}", args, log)
+    if n in args.increment_at and row["cold"]["status"] == "ok":
+        bring_back(root)
+        row["increment"] = run_pass(root, f"increment_{n}", args, log)
+        row["increment"]["share_of_cold"] = round(row["increment"]["wall_s"] / row["cold"]["wall_s"], 3)
+    if row["cold"]["status"] == "ok":
+        row["sharing"] = {"resolution": resolution_sharing(root), "invalidation": invalidation_sharing(root, None)}
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     return row
+
+
+def _global_stages():
+    from tkg.build import catalog
+
+    return catalog.GLOBAL
 
 
 # ------------------------------------------------------------------------------------------
@@ -402,9 +395,9 @@ def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | Non
     rates = {}
     if real_corpus:
         rates["real corpus"] = real_corpus["invalidation"]
-    finished = [r for r in sizes if r["steps"].get("invalidated_events", {}).get("status") == "ok"]
+    finished = [r for r in sizes if r.get("sharing")]
     if finished:
-        rates[f"synthetic, {finished[-1]['store']['events']:,} events"] = finished[-1]["steps"]["invalidated_events"]["sharing"]
+        rates[f"synthetic, {finished[-1]['store']['events']:,} events"] = finished[-1]["sharing"]["invalidation"]
     events_per_quarter = TARGET_COMPANIES * events_per_call
     total_events = TARGET_QUARTERS * events_per_quarter
     judge_work = {}
@@ -428,10 +421,11 @@ def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | Non
         triplet_ratio = (store["rows"]["triplets"] / store["events"]) / (measured_llm["triplets"] / measured_llm["events"])
     extra_output = per_call.get("triplets", {}).get("output_tokens", 0) * (triplet_ratio - 1) if triplet_ratio else 0
     projections = {}
-    for step in STEPS:
-        points = [(r["store"]["events"], r["steps"][step]) for r in sizes if r["steps"].get(step, {}).get("status") == "ok"]
+    cold = [(r["store"]["events"] - r["held_back"]["events"], r["cold"]) for r in sizes if r.get("cold", {}).get("status") == "ok"]
+    for step in (cold[-1][1]["steps"] if cold else {}):
+        points = [(n, passed["steps"][step]) for n, passed in cold]
         time_fit = fit_power_law([(n, s["wall_s"]) for n, s in points][-2:])
-        memory_fit = fit_power_law([(n, s.get("peak_rss_gb") or s["peak_rss_gb_sampled"]) for n, s in points][-2:])
+        memory_fit = fit_power_law([(n, s["peak_rss_gb"]) for n, s in points][-2:])
         projections[step] = {
             "from_sizes": [n for n, _ in points][-2:],
             "time_exponent": round(time_fit[1], 2) if time_fit else None,
@@ -466,6 +460,8 @@ def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | Non
         },
         "backfill_40_quarters_extraction_usd": {m: v * TARGET_QUARTERS for m, v in extraction.items()},
         "global_steps_at_target": projections,
+        "global_steps_note": f"one {TARGET_COMPANIES:,}-company store of {TARGET_QUARTERS} quarters, cold, at the shard count "
+                             "measured; more shards keep each process smaller (the time is the sum over shards)",
     }
 
 
@@ -474,25 +470,39 @@ def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | Non
 # ------------------------------------------------------------------------------------------
 
 
+def _pass_lines(label: str, passed: dict, cold: dict | None = None) -> list[str]:
+    lines = []
+    for name, step in passed["steps"].items():
+        runs = f"{step['runs']} of {step['of']}"
+        versus = ""
+        if cold is not None and name in cold["steps"] and cold["steps"][name]["wall_s"]:
+            versus = f" ({step['wall_s'] / cold['steps'][name]['wall_s']:.0%} of cold)"
+        counts = step["counts"]
+        kept = (f"; blocks kept {counts['blocks_kept']:,}, ranked {counts['blocks_ranked']:,}"
+                if "blocks_kept" in counts else "")
+        notes = ("" if step["status"] == "ok" else step["status"]) + kept
+        lines.append(f"| | {label} | {name} | {runs} | {step['wall_s']}{versus} | {step['cpu_s']} | {step['peak_rss_gb']} | {notes} |")
+    versus = f" ({passed['share_of_cold']:.1%} of cold)" if "share_of_cold" in passed else ""
+    lines.append(f"| | {label} | **total** | | **{passed['wall_s']}**{versus} | **{passed['cpu_s']}** | "
+                 f"**{passed['peak_rss_gb']}** | {passed['status']} |")
+    return lines
+
+
 def markdown(report: dict) -> str:
-    lines = ["| events | mentions | triplets | companies | partitions | store GB | step | wall s | peak RSS GB | notes |",
-             "|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    lines = ["| store | pass | step | runs | wall s | CPU s | peak RSS GB | notes |", "|---|---|---|---:|---:|---:|---:|---|"]
     for row in report["sizes"]:
         store = row["store"]
-        if store.get("status") != "ok":
-            lines.append(f"| {row['events_requested']:,} | | | | | | generate | {store.get('wall_s')} | | {store['status']} |")
+        if store.get("status", "ok") != "ok" or "cold" not in row:
+            lines.append(f"| {row['events_requested']:,} | generate | | | {store.get('wall_s')} | | | {store.get('status')} |")
             continue
-        head = (f"| {store['events']:,} | {store['rows']['entities']:,} | {store['rows']['triplets']:,} | {store['companies']:,} | "
-                f"{store['partitions']:,} | {store['bytes_on_disk'] / 2**30:.1f} |")
-        lines.append(f"{head} generate the store | {store['wall_s']:.0f} | {store['peak_rss_gb_sampled']} | (not a tkg step) |")
-        for step, outcome in row["steps"].items():
-            peak = outcome.get("peak_rss_gb") or outcome.get("peak_rss_gb_sampled")
-            notes = "" if outcome["status"] == "ok" else outcome["status"]
-            slowest = sorted(outcome.get("phases", []), key=lambda p: -p["seconds"])[:3]
-            if slowest:
-                notes = "; ".join(f"{p['phase']} {p['seconds']:.1f}s/{p['peak_rss_gb']} GB" for p in slowest) + (f"; {notes}" if notes else "")
-            wall = outcome.get("wall_s", "")
-            lines.append(f"| | | | | | | {step} | {wall} | {peak if peak is not None else ''} | {notes} |")
+        held = row["held_back"]
+        lines.append(f"| **{store['events'] - held['events']:,} events** ({store['rows']['entities']:,} mentions, "
+                     f"{store['partitions'] - held['partitions']:,} partitions, {row['shards']} shards) | | | | | | | |")
+        lines += _pass_lines("cold", row["cold"])
+        if "increment" in row:
+            lines.append(f"| + {held['events']:,} events ({held['share_of_events']:.1%}) in {held['partitions']:,} partitions "
+                         f"of {held['quarter']} | | | | | | | |")
+            lines += _pass_lines("increment", row["increment"], row["cold"])
     estimate = report.get("cost_estimate")
     if estimate:
         q = estimate["per_quarter"]
@@ -523,14 +533,16 @@ def tkg_revision() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="100000,1000000,5000000", help="events per store, comma-separated")
+    parser.add_argument("--sizes", default="1000000,5000000,10000000", help="events per store, comma-separated")
+    parser.add_argument("--increment-at", default="5000000",
+                        help="sizes (comma-separated) at which the held-back quarter is then added and the increment measured")
+    parser.add_argument("--shards", type=int, default=8, help="TKG_SHARDS of the builds")
+    parser.add_argument("--reuse", action="store_true", help="reuse a store an earlier run kept (--keep) instead of generating it")
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "tkg_bench_scale")
     parser.add_argument("--step-timeout", type=float, default=1500.0, help="stop a step after this many seconds")
     parser.add_argument("--memory-guard-gb", type=float, default=20.0, help="stop a step whose resident memory passes this")
     parser.add_argument("--min-available-gb", type=float, default=1.0,
                         help="stop a step when the machine's available memory falls below this (it is shared)")
-    parser.add_argument("--skip-factor", type=float, default=2.0,
-                        help="do not start a step whose projection from smaller sizes exceeds this many timeouts")
     parser.add_argument("--generate-timeout", type=float, default=3600.0)
     parser.add_argument("--generate-workers", type=int, default=2)
     parser.add_argument("--llm-home", type=Path, help="a data folder built with tkg's LLM path (for the per-call figures)")
@@ -540,12 +552,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="keep the sizes --output already holds; measure the others")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--worker-step", help=argparse.SUPPRESS)
+    parser.add_argument("--shard", help=argparse.SUPPRESS)
     parser.add_argument("--worker-generate", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--events", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.increment_at = {int(size) for size in args.increment_at.split(",") if size.strip()}
     if args.worker_step:
-        return _worker_step(args.worker_step, args.store)
+        return _worker_step(args.worker_step, args.shard, args.store, args.shards)
     if args.worker_generate:
         return _worker_generate(args.worker_generate, args.events, args.generate_workers)
 
@@ -557,24 +571,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started, load_start = time.perf_counter(), os.getloadavg()
     report = {
-        "benchmark": "tkg's global steps on synthetic stores of growing size",
+        "benchmark": "tkg's global half on synthetic stores of growing size, cold and after one new quarter",
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "nice -n 5 python benchmarks/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine(),
         "niceness": os.nice(0),
         "tkg_revision": tkg_revision(),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not k.startswith("worker")},
+        "config": {k: (str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set) else v)
+                   for k, v in vars(args).items() if not k.startswith("worker")},
         "generator": {"events_per_call": synthetic.EVENTS_PER_CALL, "distinct_bases": synthetic.DISTINCT_BASES,
                       "calls_per_copy": len(synthetic.get_universe().calls)},
         "sizes": [],
     }
     if args.resume and args.output.exists():
-        report["sizes"] = [r for r in json.loads(args.output.read_text())["sizes"] if r["store"].get("status") == "ok"]
+        report["sizes"] = [r for r in json.loads(args.output.read_text())["sizes"] if r.get("cold", {}).get("status") == "ok"]
         report["resumed_from_earlier_run"] = [r["events_requested"] for r in report["sizes"]]
-    for n in sorted(int(s) for s in args.sizes.split(",") if s.strip()):
+    for n in sorted(int(size) for size in args.sizes.split(",") if size.strip()):
         if any(r["events_requested"] == n for r in report["sizes"]):
             continue
-        report["sizes"].append(measure_size(n, args, report["sizes"], log))
+        report["sizes"].append(measure_size(n, args, log))
         report["total_seconds"] = round(time.perf_counter() - started, 1)
         report["load_average_start_end"] = [[round(x, 2) for x in load_start], [round(x, 2) for x in os.getloadavg()]]
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,8 @@ class TkgStorage(dg.ConfigurableResource):
     duckdb_upload: str | None = Field(None, description="s3://bucket/key the published DuckDB file is uploaded to after "
                                                          "each publish, and fetched from by steps on other machines "
                                                          "(TKG_DUCKDB_UPLOAD)")
+    shards: int | None = Field(None, description="How many shards the global half splits its blocks into (TKG_SHARDS; "
+                                                 "default 8). Results do not depend on it; each shard is one run")
 
 
 class TranscriptSource(dg.ConfigurableResource):
@@ -75,6 +77,7 @@ def settings_of(storage: TkgStorage, source: TranscriptSource | None = None,
     extraction = extraction or ExtractionBackend()
     return Settings.resolve(
         home=storage.home, warehouse=storage.duckdb_path, storage=storage.storage, duckdb_upload=storage.duckdb_upload,
+        shards=storage.shards,
         source=source.source, backend=extraction.backend, embeddings=extraction.embeddings, base_url=extraction.base_url,
         api_mode=extraction.api_mode, batch_size=extraction.batch_size, max_in_flight=extraction.max_in_flight,
         service_tier=extraction.service_tier, cache=extraction.cache, allow_partial=extraction.allow_partial)
@@ -87,7 +90,7 @@ def resources_for(settings: Settings) -> dict[str, dg.ConfigurableResource]:
     llm = settings.llm
     return {
         "storage": TkgStorage(home=str(settings.home), duckdb_path=str(settings.warehouse), storage=settings.storage,
-                              duckdb_upload=settings.duckdb_upload),
+                              duckdb_upload=settings.duckdb_upload, shards=settings.shards),
         "source": TranscriptSource(source=settings.source),
         "extraction": ExtractionBackend(
             backend=settings.backend, embeddings=settings.embeddings, base_url=llm.base_url, api_mode=llm.api_mode,

@@ -14,7 +14,12 @@ import logging
 
 import pytest
 
-from fakes.openai_server import FunctionCall, OpenAICompatibleServer, ParsedRequest, tool_outputs
+from fakes.openai_server import (
+    FunctionCall,
+    OpenAICompatibleServer,
+    ParsedRequest,
+    tool_outputs,
+)
 from tkg.answer.agent import answer_with_model
 from tkg.answer.query import Graph
 from tkg.core.results import StageStats

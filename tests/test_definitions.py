@@ -10,6 +10,7 @@ import dagster as dg
 import yaml
 
 from tests.conftest import ROOT
+from tkg.build import catalog
 from tkg.core.paths import sql_dir
 from tkg.store.checks import CHECKS
 from tkg.store.warehouse import load_models
@@ -17,7 +18,8 @@ from tkg_assets.assets.warehouse import _model_spec
 from tkg_assets.definitions import defs
 
 PIPELINE = ["transcripts", "chunks", "statements", "temporal_events", "triplets", "entities",
-            "canonical_entities", "invalidated_events", "warehouse"]
+            "canonical_entities", "fact_blocks", "candidate_ranks", "candidate_selection", "judged_pairs",
+            "invalidated_events", "fact_relevance", "warehouse"]
 
 
 def test_the_workspace_module_loads_with_its_jobs_schedule_and_sensor():
@@ -29,18 +31,23 @@ def test_the_workspace_module_loads_with_its_jobs_schedule_and_sensor():
     assert loaded is defs
     dg.Definitions.validate_loadable(loaded)
     graph = loaded.resolve_asset_graph()
-    partitioned = {key.to_user_string() for key in graph.get_all_asset_keys() if graph.get(key).is_partitioned}
-    unpartitioned = {key.to_user_string() for key in graph.get_all_asset_keys()} - partitioned
+    everything = {key.to_user_string() for key in graph.get_all_asset_keys()}
+    by_company = {key for key in everything
+                  if isinstance(graph.get(dg.AssetKey.from_user_string(key)).partitions_def, dg.MultiPartitionsDefinition)}
+    sharded = {stage.name for stage in catalog.GLOBAL if stage.sharded}
+    after_partitions = everything - by_company
 
     def selected(job: str) -> set[str]:
         return {key.to_user_string() for key in loaded.resolve_job_def(job).asset_layer.executable_asset_keys}
 
-    assert {"transcripts", "statements", "triplets"} <= partitioned and {"warehouse", "sql/facts"} <= unpartitioned
-    assert selected("ingest_partition") == partitioned
-    assert selected("refresh_graph") == unpartitioned
+    assert {"transcripts", "statements", "triplets"} <= by_company and {"warehouse", "sql/facts"} <= after_partitions
+    assert sharded == {"candidate_ranks", "judged_pairs"} and all(graph.get(dg.AssetKey(name)).is_partitioned for name in sharded)
+    assert selected("ingest_partition") == by_company
+    assert selected("publish_graph") == {"warehouse"} | {key for key in everything if key.startswith("sql/")}
+    assert {"build_partitions", "refresh_graph"} <= {job.name for job in loaded.resolve_all_job_defs()}
     assert loaded.resolve_schedule_def("weekly_new_transcripts").job_name == "ingest_partition"
     automated = loaded.resolve_sensor_def("tkg_automation").asset_selection.resolve(graph)
-    assert {key.to_user_string() for key in automated} == unpartitioned
+    assert {key.to_user_string() for key in automated} == after_partitions
     assert set(loaded.resources) == {"storage", "source", "extraction", "progress"}
     checks = loaded.resolve_assets_def("warehouse").check_specs
     assert {spec.name: spec.blocking for spec in checks} == {check.name: check.blocking for check in CHECKS}
@@ -63,7 +70,9 @@ def test_partitioned_chain_and_lineage():
     parents = lambda name: {k.to_user_string() for k in graph.get(dg.AssetKey.from_user_string(name)).parent_keys}
     assert parents("chunks") == {"transcripts"}
     assert parents("temporal_events") == {"transcripts", "statements"}
-    assert parents("invalidated_events") >= {"temporal_events", "triplets", "canonical_entities"}
+    assert parents("fact_blocks") == {"temporal_events", "triplets", "canonical_entities"}
+    assert parents("invalidated_events") == {"judged_pairs", "figures", "temporal_events"}
+    assert parents("judged_pairs") == {"fact_blocks", "candidate_selection"}
     # dbt-style: a model depends on the models it selects from, and on the warehouse.
     assert parents("sql/facts") >= {"sql/events", "sql/triplets", "sql/transcripts", "warehouse"}
     assert parents("sql/events") == {"warehouse"}

@@ -17,7 +17,12 @@ from tkg.core.models import (
     parse_datetime_utc,
 )
 from tkg.core.roles import parse_offices
-from tkg.extract.base import DocumentContext, apply_validity_rules, drop_dangling_triplets, split_sentences
+from tkg.extract.base import (
+    DocumentContext,
+    apply_validity_rules,
+    drop_dangling_triplets,
+    split_sentences,
+)
 from tkg.extract.offline import OfflineExtractor, label_statement
 from tkg.extract.periods import PeriodResolver, find_date
 

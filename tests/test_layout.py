@@ -38,7 +38,9 @@ def test_the_asset_graph_follows_the_catalog():
         node = graph.get(dg.AssetKey(stage.name))
         assert {key.to_user_string() for key in node.parent_keys} == set(stage.inputs), stage.name
         assert node.group_name == stage.group, stage.name
-        assert node.is_partitioned == stage.partitioned, stage.name
+        assert node.is_partitioned == (stage.partitioned or stage.sharded), stage.name
+        if stage.sharded:
+            assert node.partitions_def.get_partition_keys() == catalog.shard_keys(settings.shards), stage.name
         assert node.code_version == versions[stage.name], stage.name
     pipeline = {key.to_user_string() for key in graph.get_all_asset_keys() if key.path[0] != "sql"}
     assert pipeline == {stage.name for stage in (*catalog.STAGES, catalog.WAREHOUSE)}

@@ -352,7 +352,12 @@ def test_backend_follows_the_key_or_a_configured_server(monkeypatch):
 
 
 def test_a_partition_through_dagster_and_a_warm_rerun(fresh, tmp_path, monkeypatch, caplog):
-    from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, settings_of
+    from resources.tkg import (
+        ExtractionBackend,
+        TkgStorage,
+        TranscriptSource,
+        settings_of,
+    )
     from tkg_assets.definitions import pipeline_assets
     from tkg_assets.partitions import partition_key
 

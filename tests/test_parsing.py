@@ -9,7 +9,12 @@ import pytest
 
 from tests.conftest import needs_corpus
 from tkg.core.companies import get_company
-from tkg.ingest.parsing import SourceRow, TranscriptParseError, parse_transcript, split_affiliation
+from tkg.ingest.parsing import (
+    SourceRow,
+    TranscriptParseError,
+    parse_transcript,
+    split_affiliation,
+)
 from tkg.ingest.sources import load_source
 
 

@@ -16,7 +16,15 @@ import matplotlib.image as mpimg
 import networkx as nx
 import pytest
 
-from tkg.answer.pictures import MAX_BARS, PNG_SIGNATURE, export_graphml, growth_chart, subgraph_png, timeline_figure, timeline_png
+from tkg.answer.pictures import (
+    MAX_BARS,
+    PNG_SIGNATURE,
+    export_graphml,
+    growth_chart,
+    subgraph_png,
+    timeline_figure,
+    timeline_png,
+)
 from tkg.answer.query import Graph
 
 COMPANY = "Helio Robotics, Inc."  # the sample's richest entity: revenue, guidance, products and offices held at it

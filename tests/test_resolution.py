@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -281,7 +280,13 @@ def _key_test_names() -> list[str]:
 def test_batched_keys_equal_the_one_name_keys():
     """folds/metric_keys/numeric_keys (polars, printable ASCII) give exactly fold/metric_key/numeric_key."""
     from tkg.core.names import fold
-    from tkg.resolve.resolution import folds, metric_key, metric_keys, numeric_key, numeric_keys
+    from tkg.resolve.resolution import (
+        folds,
+        metric_key,
+        metric_keys,
+        numeric_key,
+        numeric_keys,
+    )
 
     names = _key_test_names() + TRICKY_NAMES + ["Crédit  Suisse,", "Ørsted A/S", "the_thing", "a\u00a0b", "ǅemal", "ΟΔΟΣ"]
     assert folds(names) == [fold(n) for n in names]
@@ -351,16 +356,32 @@ def test_mapping_does_not_depend_on_row_order_even_with_a_repeated_id():
         assert resolve_entities(table.take(order)).mapping.equals(mapping)
 
 
-def test_rows_are_taken_chunk_by_chunk_in_the_order_asked():
-    """`take_rows` (used where resolution reads the evidence of a few groups out of millions of
-    mentions) gives what Table.take gives, without joining the chunks of the column first."""
-    from tkg.core.arrays import take_rows
+def test_mentions_read_from_the_store_resolve_as_they_do_in_memory(tmp_path):
+    """The global step reads mentions from the partition files a column at a time (DuckDB, out
+    of core): the same entities and mapping as the mentions in memory, read in mention order
+    (company, quarter, entity id), descriptions and embedding evidence included."""
+    from datetime import date
 
-    schema = pa.schema([("row", pa.int64()), ("embedding", pa.list_(pa.float32()))])
-    batches = [pa.record_batch({"row": list(range(start, start + size)),
-                                "embedding": [[float(n), -float(n)] for n in range(start, start + size)]}, schema=schema)
-               for start, size in ((0, 7), (7, 1), (8, 0), (8, 12))]
-    table = pa.Table.from_batches(batches, schema=schema)
-    rows = np.random.default_rng(3).integers(0, table.num_rows, 40)
-    assert take_rows(table, rows).to_pylist() == table.take(pa.array(rows)).to_pylist()
-    assert take_rows(table, np.array([], dtype=np.int64)).num_rows == 0
+    import duckdb
+
+    from tkg.resolve.resolution import MentionSource
+    from tkg.store.parquet import ParquetStore
+
+    table = mentions(("Organization", "Micron"), ("Organization", "Micron Memory"), ("Person", "Bob Swan"),
+                     ("Person", "Robert H. Swan"), ("Organization", "Micron Technology"), ("Metric", "revenue"),
+                     descriptions={"Micron": "memory maker", "Micron Memory": "a memory chip company"}, embed=True)
+    store = ParquetStore(tmp_path)
+    rows = table.to_pylist()
+    partitions = [("AMD", date(2017, 1, 1)), ("AMD", date(2016, 10, 1)), ("INTC", date(2016, 1, 1))]
+    for number, (company, quarter) in enumerate(partitions):
+        part = [{**row, "company": company, "quarter": quarter} for row in rows[number::3]]
+        store.write(store.partition_path("entities", company, quarter), tables.to_table(part, tables.ENTITIES))
+    read_order = sorted((r for number, p in enumerate(partitions) for r in
+                         [{**row, "company": p[0], "quarter": p[1]} for row in rows[number::3]]),
+                        key=lambda r: (r["company"], r["quarter"], r["entity_id"]))
+    in_memory = resolve_entities(tables.to_table(read_order, tables.ENTITIES))
+    with duckdb.connect() as connection:
+        from_files = resolve_entities(MentionSource(connection, store.relation(connection, store.partition_files("entities"))))
+        assert from_files.canonical_entities.equals(in_memory.canonical_entities)
+        assert from_files.mapping.equals(in_memory.mapping)
+        assert from_files.mapping.num_rows == table.num_rows

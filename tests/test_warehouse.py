@@ -14,7 +14,14 @@ from tkg.build.catalog import raw_tables
 from tkg.build.graph import build_graph, partitions_of
 from tkg.ingest.sources import load_source
 from tkg.store.parquet import ParquetStore
-from tkg.store.warehouse import applied_sha256, describe_model, load_models, model, publish, reapply_model
+from tkg.store.warehouse import (
+    applied_sha256,
+    describe_model,
+    load_models,
+    model,
+    publish,
+    reapply_model,
+)
 
 SURFACE = {"transcripts", "chunks", "statements", "events", "triplets", "entities", "facts", "canonical_entities",
            "entity_aliases", "invalidation_judgments", "officers"}

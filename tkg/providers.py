@@ -19,7 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tkg.core import policy
 from tkg.core.embeddings import Embedder, WordLlamaEmbedder, wordllama_name
+from tkg.core.policy import vocabulary_fingerprint
 from tkg.core.results import StageStats
 from tkg.extract.base import Extractor
 from tkg.extract.offline import OfflineExtractor
@@ -93,6 +95,8 @@ class Fingerprints:
     embedder: str  # the statement embedder's name
     chunk_embedder: str = wordllama_name()
     chunking: ChunkingSettings = ChunkingSettings()
+    shards: int = 8  # how the global steps split their blocks: it shapes their intermediate files, not their results
+    policy: str = ""  # the invalidation policy's fingerprint (candidate selection reads its thresholds)
 
 
 def fingerprints(settings: Settings) -> Fingerprints:
@@ -106,4 +110,5 @@ def fingerprints(settings: Settings) -> Fingerprints:
             return stage_fingerprint(settings.llm, task)
 
         judge = f"llm:{settings.llm.model('judge')}:{extractor('judge')}"
-    return Fingerprints(extractor=extractor, judge=judge, embedder=settings.embedder_name())
+    return Fingerprints(extractor=extractor, judge=judge, embedder=settings.embedder_name(), shards=settings.shards,
+                        policy=f"{vocabulary_fingerprint()}:{policy.POLICY.fingerprint()}")

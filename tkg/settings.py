@@ -16,9 +16,16 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import duckdb
+
 from tkg.core.embeddings import wordllama_name
-from tkg.llm.settings import LLMSettings, choose_backend, choose_embeddings, settings_from_env
-from tkg.store.parquet import ParquetStore
+from tkg.llm.settings import (
+    LLMSettings,
+    choose_backend,
+    choose_embeddings,
+    settings_from_env,
+)
+from tkg.store.parquet import ParquetStore, spilling_connection
 
 
 def _path(value: str | os.PathLike) -> Path:
@@ -27,6 +34,39 @@ def _path(value: str | os.PathLike) -> Path:
 
 def _flag(value: str | None) -> bool:
     return (value or "") not in ("", "0", "false")
+
+
+def _shards(value: str | None) -> int:
+    if not value:
+        return 8
+    if not value.isdigit() or not 1 <= int(value) <= 4096:
+        raise ValueError(f"TKG_SHARDS={value!r} is not a shard count; give a whole number from 1 to 4096")
+    return int(value)
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def size_in_bytes(value: str, variable: str) -> int:
+    """'4GB', '512MB', '1.5GiB' in bytes; anything else is an error naming `variable`."""
+    text = value.strip().upper().replace(" ", "")
+    number = text.rstrip("KMGTIB")
+    unit = text[len(number):]
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = -1.0
+    if unit not in _UNITS or amount <= 0:
+        raise ValueError(f"{variable}={value!r} is not a size; give one like 4GB, 512MB or 1.5GiB")
+    return int(amount * _UNITS[unit])
+
+
+def _size(value: str | None, default: str, variable: str) -> str:
+    """A memory setting, checked now rather than when a step first uses it."""
+    chosen = value or default
+    size_in_bytes(chosen, variable)
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -42,13 +82,17 @@ class Settings:
     duckdb_upload: str | None = None  # s3://bucket/key each published file is shared at (TKG_DUCKDB_UPLOAD)
     cache: str | None = field(default=None, repr=False)  # a shared postgresql:// response cache (TKG_CACHE)
     allow_partial: bool = False  # keep what a stage extracted when items went unanswered (TKG_ALLOW_PARTIAL)
+    step_memory: str = "2GB"  # what a global step's DuckDB may hold before it spills to disk (TKG_STEP_MEMORY)
+    shards: int = 8  # how many shards the global steps split their blocks into (TKG_SHARDS); results do not depend on it
+    memory_limit: str = "4GB"  # the most one global step or shard may hold; past it, it stops with a message (TKG_MEMORY_LIMIT)
 
     @classmethod
     def resolve(cls, *, home: str | os.PathLike | None = None, warehouse: str | os.PathLike | None = None,
                 storage: str | None = None, duckdb_upload: str | None = None, source: str | None = None,
                 backend: str | None = None, embeddings: str | None = None, base_url: str | None = None,
                 api_mode: str | None = None, batch_size: int | None = None, max_in_flight: int | None = None,
-                service_tier: str | None = None, cache: str | None = None, allow_partial: bool | None = None) -> Settings:
+                service_tier: str | None = None, cache: str | None = None, allow_partial: bool | None = None,
+                shards: int | None = None) -> Settings:
         """The settings a value given here, else its variable, else its default, decides."""
         environ = os.environ
         home_path = _path(home or environ.get("TKG_HOME") or "tkg_data")
@@ -69,6 +113,9 @@ class Settings:
             duckdb_upload=duckdb_upload or environ.get("TKG_DUCKDB_UPLOAD") or None,
             cache=cache or environ.get("TKG_CACHE") or None,
             allow_partial=_flag(environ.get("TKG_ALLOW_PARTIAL")) if allow_partial is None else allow_partial,
+            step_memory=_size(environ.get("TKG_STEP_MEMORY"), "2GB", "TKG_STEP_MEMORY"),
+            memory_limit=_size(environ.get("TKG_MEMORY_LIMIT"), "4GB", "TKG_MEMORY_LIMIT"),
+            shards=shards if shards is not None else _shards(environ.get("TKG_SHARDS")),
         )
 
     @property
@@ -77,6 +124,16 @@ class Settings:
 
     def store(self) -> ParquetStore:
         return ParquetStore(self.home, self.storage)
+
+    def spilling_connection(self) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection for a global step's set work: it spills past `step_memory` to a
+        temporary folder under the home."""
+        return spilling_connection(self.home / "tmp" / "duckdb", self.duckdb_memory)
+
+    @property
+    def duckdb_memory(self) -> str:
+        """`step_memory` as DuckDB's memory_limit."""
+        return f"{size_in_bytes(self.step_memory, 'TKG_STEP_MEMORY') // 2**20}MiB"
 
     def with_changes(self, **changes: object) -> Settings:
         return replace(self, **changes)

@@ -1,4 +1,5 @@
-"""`build_partitions`: the job `tkg build` runs to rebuild many partitions in one Dagster run.
+"""The jobs `tkg build` runs: `build_partitions` rebuilds many partitions in one Dagster run,
+and `refresh_graph` runs the global half (global and shard steps) in another.
 
 The UI materialises one partition per run (each asset a step). For a whole corpus that costs
 Dagster's per-run and per-step overhead 187 times over, so `tkg build` instead runs this one-op
@@ -6,6 +7,12 @@ job: the op builds the stale partitions in worker processes (`tkg.build.runner`)
 each partition lands, a materialisation of every stage it rebuilt, with the same metadata,
 code version and data version the asset itself would record. The UI shows every partition
 materialised by this run, and staleness agrees between the two paths.
+
+`refresh_graph` does the same for the global half: each global step that does not cover its
+inputs runs in the op's process (its set work spills to disk), and each stale shard of a shard
+step runs in a worker process of its own, so a shard's memory is its own; every step and
+shard it ran is recorded as a materialisation. Steps and shards already current are skipped:
+a change reruns only what it reaches.
 """
 
 from collections.abc import Callable
@@ -14,7 +21,15 @@ import dagster as dg
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, settings_of
 from tkg.build import catalog
-from tkg.build.runner import PartitionOutcome, PartitionTask, run_partitions
+from tkg.build.runner import (
+    GlobalTask,
+    PartitionOutcome,
+    PartitionTask,
+    ShardTask,
+    build_one,
+    run_partitions,
+)
+from tkg.build.stages import Runtime, stale_work
 from tkg.core.partitions import parse_key
 from tkg.core.versions import Stamp
 from tkg_assets.assets.common import stage_metadata, version_tags
@@ -58,7 +73,8 @@ def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToB
         key = partition_key(outcome.task.company, outcome.task.quarter)
         for report in outcome.reports:
             yield dg.AssetMaterialization(asset_key=report.stage, partition=key, metadata=stage_metadata(report),
-                                          tags=version_tags(catalog.stage(report.stage), Stamp.from_json(report.stamp)))
+                                          tags=version_tags(catalog.stage(report.stage), Stamp.from_json(report.stamp),
+                                                            report.input_versions))
     if failed:
         raise dg.Failure(
             description=f"{len(failed)} of {len(tasks)} partition(s) failed and kept their last good output: "
@@ -72,3 +88,55 @@ def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToB
                     "Each stage's materialisation is recorded as if the asset had run.")
 def build_partitions():
     build_stale_partitions()
+
+
+class GlobalSteps(dg.Config):
+    """How `refresh_graph` runs the global half."""
+
+    workers: int = 1  # processes running shards side by side
+    log_level: str = "WARNING"  # of tkg's loggers in the worker processes
+
+
+@dg.op(out={}, description="Run the global and shard steps that do not cover their inputs (shards in worker processes), "
+                   "and record each one's materialisation.")
+def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, storage: TkgStorage, source: TranscriptSource,
+                         extraction: ExtractionBackend):
+    settings = settings_of(storage, source, extraction)
+    runtime = Runtime.open(settings, api_key=extraction.api_key)
+    upstream_ran = False
+    for stage in catalog.GLOBAL:
+        stale = stale_work(runtime, stage)
+        # After a step before it ran, a shard whose rows did not change is recorded as kept (its
+        # run only looks at its stamp), so the UI sees it current against its inputs' new versions.
+        kept = [shard for shard in catalog.shard_keys(settings.shards) if shard not in stale] \
+            if stage.sharded and upstream_ran else []
+        if not stale and not kept:
+            context.log.info(f"{stage.name}: current, skipped")
+            continue
+        running = f"running {', '.join(stale) if stage.sharded else 'over every partition'}" if stale else "nothing to run"
+        context.log.info(f"{stage.name}: {running}" + (f"; shards {', '.join(kept)} kept" if kept else ""))
+        if stage.sharded:
+            tasks = [ShardTask(stage.name, shard) for shard in stale]
+            outcomes = list(run_partitions(settings.for_workers(config.workers), tasks, config.workers, config.log_level))
+            outcomes += [build_one(settings, ShardTask(stage.name, shard)) for shard in kept]
+        else:
+            outcomes = [build_one(settings, GlobalTask(stage.name))]
+        upstream_ran = upstream_ran or bool(stale)
+        failed = [outcome for outcome in outcomes if not outcome.ok]
+        for outcome in outcomes:
+            if outcome.ok:
+                (report,) = outcome.reports
+                yield dg.AssetMaterialization(asset_key=stage.name, partition=getattr(outcome.task, "shard", None),
+                                              metadata=stage_metadata(report),
+                                              tags=version_tags(stage, Stamp.from_json(report.stamp), report.input_versions))
+        if failed:
+            raise dg.Failure(
+                description=f"{stage.name}: {len(failed)} of {len(outcomes)} run(s) failed; the graph keeps its last good "
+                            "contents: " + "; ".join(f"{outcome.key}: {outcome.error}" for outcome in failed[:5]),
+                metadata={"failed": dg.MetadataValue.json({outcome.key: outcome.error for outcome in failed})})
+
+
+@dg.job(description="What `tkg build` runs after the partitions: the global steps and every stale shard of the shard "
+                    "steps (resolution, invalidation, retention). Each is recorded as if its asset had run.")
+def refresh_graph():
+    refresh_global_steps()

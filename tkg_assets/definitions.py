@@ -9,7 +9,13 @@ import os
 
 import dagster as dg
 
-from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, resources_for, settings_of
+from resources.tkg import (
+    ExtractionBackend,
+    TkgStorage,
+    TranscriptSource,
+    resources_for,
+    settings_of,
+)
 from tkg.build import catalog
 from tkg.build.plan import plan_build
 from tkg.ingest.sources import describe, load_source
@@ -18,16 +24,18 @@ from tkg.settings import Settings
 from tkg_assets.assets.stages import stage_assets
 from tkg_assets.assets.warehouse import sql_models, warehouse
 from tkg_assets.automation import stale_partition_requests
-from tkg_assets.batch import Progress, build_partitions, no_progress
-from tkg_assets.partitions import partition_space
+from tkg_assets.batch import Progress, build_partitions, no_progress, refresh_graph
+from tkg_assets.partitions import partition_space, shard_space
 
 
 def pipeline_assets(settings: Settings) -> tuple[list, list]:
     """The partitioned assets (over the source's partition space, with the backend's code
     versions) and the global ones, from the stage catalog."""
-    assets = stage_assets(partition_space(settings.source), catalog.code_versions(fingerprints(settings)))
-    partitioned = [asset for asset in assets if asset.partitions_def is not None]
-    return partitioned, [*(asset for asset in assets if asset.partitions_def is None), warehouse, sql_models]
+    assets = stage_assets(partition_space(settings.source), shard_space(settings.shards),
+                          catalog.code_versions(fingerprints(settings)))
+    partitioned = [asset for stage, asset in zip(catalog.STAGES, assets) if stage.partitioned]
+    return partitioned, [*(asset for stage, asset in zip(catalog.STAGES, assets) if not stage.partitioned), warehouse,
+                         sql_models]
 
 
 def executor_from_env() -> dg.ExecutorDefinition | None:
@@ -60,9 +68,9 @@ def build_definitions(settings: Settings, executor: dg.ExecutorDefinition | None
     ingest_partition = dg.define_asset_job(
         "ingest_partition", selection=dg.AssetSelection.assets(*partitioned), partitions_def=partitions_def,
         description="Parse, chunk and extract one company x quarter partition.")
-    refresh_graph = dg.define_asset_job(
-        "refresh_graph", selection=dg.AssetSelection.assets(*global_assets),
-        description="Resolve entities, run invalidation over all partitions and publish tkg.duckdb.")
+    publish_graph = dg.define_asset_job(
+        "publish_graph", selection=dg.AssetSelection.assets(warehouse, sql_models),
+        description="Publish tkg.duckdb (with its checks) and refresh the SQL models.")
 
     @dg.schedule(job=ingest_partition, cron_schedule="0 6 * * 1", default_status=dg.DefaultScheduleStatus.STOPPED)
     def weekly_new_transcripts(context: dg.ScheduleEvaluationContext, storage: TkgStorage, source: TranscriptSource,
@@ -73,20 +81,21 @@ def build_definitions(settings: Settings, executor: dg.ExecutorDefinition | None
         quarterly cron. The automation sensor then refreshes the global assets."""
         current = settings_of(storage, source, extraction)
         loaded = load_source(current.source)
-        plan = plan_build(current.store(), loaded, loaded.partitions(), catalog.code_versions(fingerprints(current)))
+        plan = plan_build(current.store(), loaded, loaded.partitions(), catalog.code_versions(fingerprints(current)),
+                          shards=current.shards)
         for problem in loaded.problems:
             context.log.warning(f"source row skipped: {problem}")
         return stale_partition_requests(plan) or dg.SkipReason(f"every partition of {describe(current.source)} is up to date")
 
     automation = dg.AutomationConditionSensorDefinition(
         "tkg_automation",
-        target=dg.AssetSelection.groups("resolution", "retention", "warehouse", "sql_models"),
+        target=dg.AssetSelection.groups(*sorted({stage.group for stage in catalog.GLOBAL}), "warehouse", "sql_models"),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Refreshes entity resolution, invalidation and the warehouse after partitions land.",
     )
     return dg.Definitions(
         assets=[*partitioned, *global_assets],
-        jobs=[ingest_partition, refresh_graph, build_partitions],
+        jobs=[ingest_partition, build_partitions, refresh_graph, publish_graph],
         schedules=[weekly_new_transcripts],
         sensors=[automation],
         resources={**resources_for(settings), "progress": progress},

@@ -126,7 +126,7 @@ def run_failure(result, job_name: str) -> str | None:
             error = data.error
             while error.cause is not None and error.cls_name in ("DagsterExecutionStepExecutionError",):
                 error = error.cause  # Dagster's wrapper: the user code's own error says what is wrong
-            message = error.message.strip().splitlines()[-1]
+            message = error.message.strip().splitlines()[0]
             return f"{event.step_key}: {message if error.cls_name in message else f'{error.cls_name}: {message}'}"
     if any(event.event_type == dg.DagsterEventType.RUN_CANCELED for event in result.all_events):
         raise KeyboardInterrupt

@@ -11,6 +11,7 @@ from datetime import date
 
 import dagster as dg
 
+from tkg.build.catalog import shard_keys
 from tkg.core.companies import load_companies
 from tkg.core.partitions import FIRST_QUARTER, Partition, parse_key
 from tkg.ingest.sources import SourceError, load_source, source_path
@@ -30,6 +31,11 @@ def partition_space(source: str) -> dg.MultiPartitionsDefinition:
     quarters = dg.TimeWindowPartitionsDefinition(start=first.isoformat(), cron_schedule="0 0 1 1,4,7,10 *", fmt="%Y-%m-%d",
                                                  end_offset=1)
     return dg.MultiPartitionsDefinition({"company": dg.StaticPartitionsDefinition(companies), "quarter": quarters})
+
+
+def shard_space(shards: int) -> dg.StaticPartitionsDefinition:
+    """The shards of the global half's shard steps ('00', '01', ...; TKG_SHARDS of them)."""
+    return dg.StaticPartitionsDefinition(shard_keys(shards))
 
 
 def partition_key(company: str, quarter: date) -> dg.MultiPartitionKey:

@@ -3,7 +3,13 @@
 A row says what a stage reads (other stages, and outside inputs such as the source rows), what
 it writes (its tables and their schemas), the function that computes it, what its code version
 hashes, the prompt it sends and the LLM usage counters it is accounted under, its Dagster group,
-and whether it is partitioned (company x quarter) or global (over all partitions).
+and its kind:
+- `partition`: one run per company x quarter;
+- `global`: one run over all partitions (it may also write tables split by shard, read by the
+  sharded stages after it);
+- `shard`: one run per shard, a stable hash bucket of the blocks the global half compares
+  within; each shard's result is a function of its bucket's rows, and the global stages after
+  it merge what crosses shards.
 
 Everything that lists stages is derived from here: the store's state and stamps
 (tkg.build.state), the planner, the worker pool, the warehouse's raw tables, the CLI's
@@ -27,6 +33,7 @@ from tkg.ingest import stages as ingest
 from tkg.ingest.stages import CHUNKS_VERSION, TRANSCRIPTS_VERSION
 from tkg.invalidate import stages as invalidate
 from tkg.invalidate.retention import RETENTION_VERSION, retention_settings
+from tkg.invalidate.stages import INVALIDATION_VERSION
 from tkg.llm.prompts import TEMPLATES
 from tkg.providers import Fingerprints
 from tkg.resolve import stages as resolve
@@ -40,6 +47,7 @@ class Table:
 
     name: str
     schema: pa.Schema
+    unpublished: tuple[str, ...] = ()  # columns kept in Parquet but not copied into tkg.duckdb
 
 
 @dataclass(frozen=True)
@@ -51,16 +59,26 @@ class Stage:
     compute: Callable[[StageJob], StageResult] | None = None  # None: the publish step (tkg.store.warehouse)
     inputs: tuple[str, ...] = ()  # the stages it reads (of its own partition, or every partition for a global stage)
     outside_inputs: tuple[str, ...] = ()  # what else it reads, by name (tkg.build.state.OUTSIDE_INPUTS)
-    tables: tuple[Table, ...] = ()  # what it writes; a global stage's last table carries its stamp
-    partitioned: bool = True
+    tables: tuple[Table, ...] = ()  # what it writes; a global or shard stage's last table carries its stamp
+    kind: str = "partition"  # partition | global | shard (see the module docstring)
+    shard_tables: tuple[Table, ...] = ()  # a global stage's tables split by shard, for the shard stages after it
+    published: bool = True  # its tables are copied into tkg.duckdb's `raw` schema
     prompt: str | None = None  # its prompt template (prompts/), on the LLM path
     counters: tuple[str, ...] = ()  # the usage counters its requests are accounted under
     calls_provider: bool = False  # it waits on the LLM provider (the Dagster pool of such steps)
 
     @property
+    def partitioned(self) -> bool:
+        return self.kind == "partition"
+
+    @property
+    def sharded(self) -> bool:
+        return self.kind == "shard"
+
+    @property
     def table(self) -> Table:
         """The table that carries the stage's stamp: a partitioned stage's one table, or the
-        table a global stage writes last."""
+        table a global or shard stage writes last."""
         return self.tables[-1]
 
 
@@ -115,7 +133,7 @@ STAGES: tuple[Stage, ...] = (
         "Entity mentions (every subject and object of a triplet) with type, description and a description "
         "embedding, ready for entity resolution.",
         code_version=lambda f: short_version(ENTITIES_VERSION, f.embedder), compute=extract.build_entity_mentions,
-        inputs=("triplets",), tables=(Table("entities", tables.ENTITIES),), counters=("embeddings",),
+        inputs=("triplets",), tables=(Table("entities", tables.ENTITIES, unpublished=("embedding",)),), counters=("embeddings",),
         calls_provider=True),
     Stage(
         "canonical_entities", "resolution",
@@ -124,20 +142,52 @@ STAGES: tuple[Stage, ...] = (
         "organisation). Entities are a function of the mentions, not of build history; ids an earlier build issued "
         "stay, with `merged_into`. Refuses to run while any partition is half-built.",
         code_version=lambda f: RESOLUTION_VERSION, compute=resolve.canonical_entities, inputs=("entities",),
-        outside_inputs=("registry",), partitioned=False,
+        outside_inputs=("registry",), kind="global",
         tables=(Table("entity_resolution", tables.ENTITY_RESOLUTION), Table("canonical_entities", tables.CANONICAL_ENTITIES))),
     Stage(
-        "invalidated_events", "resolution",
+        "fact_blocks", "invalidation",
+        "The facts invalidation compares (FACT, non-ATEMPORAL events with triplets, each with the key of the fact it "
+        "states) and the blocks they fall in: facts sharing a canonical entity under a predicate group. Written split "
+        "into shards, a stable hash of the block, with each shard's facts, embeddings and canonical triplets, so a "
+        "shard's comparisons need nothing else.",
+        code_version=lambda f: f"{INVALIDATION_VERSION}:{f.shards}:{f.policy}", compute=invalidate.fact_blocks,
+        inputs=("temporal_events", "triplets", "canonical_entities"), kind="global", published=False,
+        tables=(Table("fact_blocks", tables.SHARD_SUMMARY),),
+        shard_tables=(Table("facts", tables.FACTS), Table("members", tables.BLOCK_MEMBERS),
+                      Table("triplets", tables.RESOLVED_TRIPLETS))),
+    Stage(
+        "candidate_ranks", "invalidation",
+        "One shard's blocks swept in time: for each incoming fact, its best candidate facts per type (cosine, time "
+        "overlap, a shared entity), cut to the top k in each block; a block whose members did not change keeps its ranks.",
+        code_version=lambda f: f"{INVALIDATION_VERSION}:{f.policy}", compute=invalidate.candidate_ranks,
+        inputs=("fact_blocks",), kind="shard", published=False,
+        tables=(Table("ranked_blocks", tables.RANKED_BLOCKS), Table("candidate_ranks", tables.CANDIDATE_RANKS))),
+    Stage(
+        "candidate_selection", "invalidation",
+        "Every shard's ranks merged: each incoming fact's top k candidate facts over all its blocks, each sent to the "
+        "shard of the smallest block that holds both, which pairs them.",
+        code_version=lambda f: f"{INVALIDATION_VERSION}:{f.policy}:{f.shards}", compute=invalidate.candidate_selection,
+        inputs=("candidate_ranks",), kind="global", published=False,
+        tables=(Table("candidate_selection", tables.SHARD_SUMMARY),),
+        shard_tables=(Table("selected", tables.CANDIDATE_RANKS),)),
+    Stage(
+        "judged_pairs", "invalidation",
+        "One shard's judge pairs (the older event and the earliest restatement of a candidate fact that may retire it) "
+        "and the judge's verdict on each, with its reason; each primary's earliest retirer in the shard.",
+        code_version=lambda f: f.judge, compute=invalidate.judged_pairs, inputs=("fact_blocks", "candidate_selection"),
+        kind="shard", published=False, prompt=TEMPLATES["judge"], counters=("judge",),
+        tables=(Table("judgments", tables.INVALIDATION_JUDGMENTS), Table("retirements", tables.RETIREMENTS))),
+    Stage(
+        "invalidated_events", "invalidation",
         "The bi-temporal history: which DYNAMIC facts a later fact retired, when (invalid_at), when that became known "
-        "(expired_at) and by which event (invalidated_by), and which guidance figures a later call revised. Recomputed "
-        "from all events, so the result never depends on the order partitions arrived in. Every judgment and its "
-        "reason is kept for audit.",
+        "(expired_at) and by which event (invalidated_by), and which guidance figures a later call revised. The "
+        "earliest retirement over every shard wins, so the result depends on the set of events only, never on the "
+        "order partitions arrived in or on the number of shards. Every judgment and its reason is kept for audit.",
         code_version=lambda f: f.judge, compute=invalidate.invalidated_events,
-        inputs=("temporal_events", "triplets", "figures", "canonical_entities"), partitioned=False,
+        inputs=("judged_pairs", "figures", "temporal_events"), kind="global",
         tables=(Table("invalidation_judgments", tables.INVALIDATION_JUDGMENTS),
                 Table("figure_invalidations", tables.FIGURE_INVALIDATIONS),
-                Table("event_invalidations", tables.EVENT_INVALIDATIONS)),
-        prompt=TEMPLATES["judge"], counters=("judge",)),
+                Table("event_invalidations", tables.EVENT_INVALIDATIONS))),
     Stage(
         "fact_relevance", "retention",
         "A relevance score per fact: recency (halving every half_life_days from its last statement) x trust in its "
@@ -145,7 +195,7 @@ STAGES: tuple[Stage, ...] = (
         "tkg/config/retention.yaml; off by default), facts below the threshold or past their kind's time-to-live move "
         "from the `facts` view to `facts_archive`; nothing is deleted.",
         code_version=lambda f: f"{RETENTION_VERSION}:{retention_settings().fingerprint()}",
-        compute=invalidate.fact_relevance, inputs=("temporal_events",), partitioned=False,
+        compute=invalidate.fact_relevance, inputs=("temporal_events",), kind="global",
         tables=(Table("fact_relevance", tables.FACT_RELEVANCE),)),
 )
 WAREHOUSE = Stage(
@@ -154,14 +204,21 @@ WAREHOUSE = Stage(
     "place atomically, so readers never block the pipeline and always see a consistent snapshot. Query it with "
     "`duckdb -readonly` or `tkg sql`. The checks run on the new file before the swap: if a blocking one fails, the "
     "new file is discarded and the last good one stays.",
-    code_version=lambda f: warehouse_code_version(), inputs=tuple(stage.name for stage in STAGES), partitioned=False)
+    code_version=lambda f: warehouse_code_version(), inputs=tuple(stage.name for stage in STAGES), kind="global")
 # The LLM accounting every step writes beside its output (tkg.build.stages.record_usage).
 USAGE_TABLE = RawTable("llm_calls", "llm_calls", tables.LLM_CALLS, pattern="llm_calls/**/llm_calls.parquet")
 
 BY_NAME: dict[str, Stage] = {stage.name: stage for stage in (*STAGES, WAREHOUSE)}
 PARTITIONED: tuple[Stage, ...] = tuple(stage for stage in STAGES if stage.partitioned)
-GLOBAL: tuple[Stage, ...] = tuple(stage for stage in STAGES if not stage.partitioned)  # before the publish step
+# The stages after the partitions and before the publish step: global and sharded, in order.
+GLOBAL: tuple[Stage, ...] = tuple(stage for stage in STAGES if not stage.partitioned)
 PARTITIONED_NAMES: tuple[str, ...] = tuple(stage.name for stage in PARTITIONED)
+
+
+def shard_keys(shards: int) -> list[str]:
+    """The shards' names ('00', '01', ...): their Dagster partition keys and folders."""
+    width = max(2, len(str(shards - 1)))
+    return [f"{number:0{width}d}" for number in range(shards)]
 
 
 def stage(name: str) -> Stage:
@@ -187,8 +244,13 @@ def code_versions(fingerprints: Fingerprints) -> dict[str, str]:
     return {row.name: row.code_version(fingerprints) for row in (*STAGES, WAREHOUSE)}
 
 
+def _without(schema: pa.Schema, columns: tuple[str, ...]) -> pa.Schema:
+    return pa.schema([field for field in schema if field.name not in columns])
+
+
 def raw_tables() -> list[RawTable]:
     """The tables of the published file's `raw` schema: every stage's tables and the usage."""
-    found = [RawTable(table.name, row.name, table.schema, None if row.partitioned else table.name)
-             for row in STAGES for table in row.tables]
+    found = [RawTable(table.name, row.name, _without(table.schema, table.unpublished), None if row.partitioned else table.name,
+                      dropped=table.unpublished)
+             for row in STAGES if row.published for table in row.tables]
     return [*found, USAGE_TABLE]

@@ -18,8 +18,15 @@ from pathlib import Path
 import duckdb
 
 from tkg.build import catalog
-from tkg.build.stages import Runtime, build_partition, run_global
-from tkg.build.state import HalfBuilt, consistent_versions, global_stamps, partial_partitions, stale_globals, warehouse_inputs
+from tkg.build.stages import Runtime, build_partition, run_global, stale_work
+from tkg.build.state import (
+    HalfBuilt,
+    consistent_versions,
+    partial_partitions,
+    read_state,
+    stale_globals,
+    warehouse_inputs,
+)
 from tkg.core.partitions import Partition
 from tkg.core.results import StageResult
 from tkg.core.versions import Stamp
@@ -34,20 +41,20 @@ def run_warehouse(settings: Settings, target: Path | None = None,
     steps cover them; `check` guards the new file before it replaces the old one. The file
     records the model the statement vectors come from (raw.build_info)."""
     store = settings.store()
-    versions = consistent_versions(store)
-    stamps = global_stamps(store)
-    reasons = stale_globals(versions, stamps)
+    state = read_state(store, catalog.shard_keys(settings.shards))
+    versions = consistent_versions(state)
+    reasons = stale_globals(versions, state)
     if reasons:
         raise HalfBuilt(f"the global steps do not cover the current partitions ({'; '.join(reasons)}); "
                         "materialise them before the warehouse")
     missing = Counter()
-    for stamp in stamps.values():
+    for stamp in [*state.globals.values(), *(s for by_shard in state.shards.values() for s in by_shard.values())]:
         missing.update(stamp.missing)
-    for lacking in partial_partitions(store).values():
+    for lacking in partial_partitions(state).values():
         missing.update(lacking)
-    stamp = Stamp("warehouse", warehouse_code_version(), warehouse_inputs(versions, stamps), dict(missing))
+    stamp = Stamp("warehouse", warehouse_code_version(), warehouse_inputs(versions, state), dict(missing))
     return publish(store, target or settings.warehouse, catalog.raw_tables(), stamp=stamp, check=check,
-                   info={"embedder": settings.embedder_name()})
+                   info={"embedder": settings.embedder_name()}, memory_limit=settings.duckdb_memory)
 
 
 @dataclass
@@ -98,10 +105,12 @@ def build_graph(runtime: Runtime, source: LoadedSource, partitions: list[Partiti
 
 
 def finish_graph(runtime: Runtime, report: BuildReport | None = None, publish_to: Path | None = None) -> BuildReport:
-    """The global stages in catalog order, then (optionally) the warehouse."""
+    """The global stages that do not cover their inputs, in catalog order (a shard stage's stale
+    shards one by one, in this process), then (optionally) the warehouse."""
     report = report or BuildReport(partitions=[])
     for stage in catalog.GLOBAL:
-        report.counts.update(run_global(runtime, stage).counts)
+        for shard in stale_work(runtime, stage):
+            report.counts.update(run_global(runtime, stage, None if shard == "*" else shard).counts)
     if publish_to is not None:
         report.publish = run_warehouse(runtime.settings, publish_to)
     return report

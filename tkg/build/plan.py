@@ -15,12 +15,11 @@ from tkg.build import catalog
 from tkg.build.catalog import downstream_of
 from tkg.build.state import (
     HalfBuilt,
+    StoreState,
     consistent_versions,
-    global_stamps,
     outside_versions,
-    partition_stamps,
+    read_state,
     stale_globals,
-    stored_partitions,
     warehouse_inputs,
 )
 from tkg.core.partitions import Partition, key_of, sort_key
@@ -93,12 +92,14 @@ def _stale_stages(expected: dict[str, Stamp], stored: dict[str, Stamp | None]) -
 
 
 def plan_build(store: ParquetStore, source: LoadedSource, selection: list[Partition], code_versions: dict[str, str],
-               force: bool = False, warehouse_stamp: Stamp | None = None) -> BuildPlan:
-    """Compare what the store holds with what `selection` (partitions of `source`) should hold."""
+               force: bool = False, warehouse_stamp: Stamp | None = None, shards: int = 8) -> BuildPlan:
+    """Compare what the store holds with what `selection` (partitions of `source`) should hold
+    (with the global half split into `shards`)."""
     plan = BuildPlan()
     problems = source.problem_partitions()
+    state = read_state(store, catalog.shard_keys(shards))
     for partition in sorted(selection, key=sort_key):
-        stored = partition_stamps(store, partition)
+        stored = state.stamps_of(partition)
         if partition in problems and any(stored.values()):
             plan.held[partition] = problems[partition]
             continue
@@ -111,30 +112,29 @@ def plan_build(store: ParquetStore, source: LoadedSource, selection: list[Partit
         else:
             plan.current.append(partition)
     chosen = set(selection)
-    plan.stored_elsewhere = [p for p in stored_partitions(store) if p not in chosen]
+    plan.stored_elsewhere = [p for p in state.stored() if p not in chosen]
     if plan.work:
         plan.global_reasons.append(f"{len(plan.work)} partition(s) to build")
     elif force:
         plan.global_reasons.append("forced")
     else:
-        plan.global_reasons.extend(global_staleness(store, code_versions, warehouse_stamp))
+        plan.global_reasons.extend(global_staleness(state, code_versions, warehouse_stamp))
     return plan
 
 
-def global_staleness(store: ParquetStore, code_versions: dict[str, str], warehouse_stamp: Stamp | None) -> list[str]:
+def global_staleness(state: StoreState, code_versions: dict[str, str], warehouse_stamp: Stamp | None) -> list[str]:
     """Why the global steps must run although no partition changed (empty: they need not)."""
     try:
-        versions = consistent_versions(store)
+        versions = consistent_versions(state)
     except HalfBuilt as error:
         return [str(error)]
-    stamps = global_stamps(store)
-    reasons = stale_globals(versions, stamps, code_versions)
+    reasons = stale_globals(versions, state, code_versions)
     if reasons:
         return reasons
     if warehouse_stamp is None:
         return ["warehouse not published"]
     if warehouse_stamp.code_version != code_versions["warehouse"]:
         return ["code changed: warehouse (SQL models)"]
-    if warehouse_stamp.inputs != warehouse_inputs(versions, stamps):
+    if warehouse_stamp.inputs != warehouse_inputs(versions, state):
         return ["warehouse older than its inputs"]
     return []

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
-from tkg.build.stages import Runtime, build_partition
+from tkg.build import catalog
+from tkg.build.stages import Runtime, build_partition, run_global
 from tkg.core.results import StageIncomplete
 from tkg.ingest.sources import load_source
 from tkg.settings import Settings
@@ -39,6 +40,29 @@ class PartitionTask:
     quarter: date
     stages: tuple[str, ...]
     reason: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.company}|{self.quarter.isoformat()}"
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    stage: str
+    shard: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.stage} shard {self.shard}"
+
+
+@dataclass(frozen=True)
+class GlobalTask:
+    stage: str
+
+    @property
+    def key(self) -> str:
+        return self.stage
 
 
 @dataclass
@@ -54,11 +78,14 @@ class StageReport:
     notes: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     missing: dict[str, int] = field(default_factory=dict)
+    input_versions: dict[str, str] = field(default_factory=dict)  # see StageResult.input_versions
 
 
 @dataclass
 class PartitionOutcome:
-    task: PartitionTask
+    """How a task (a partition's stages, or one shard of a shard stage) went."""
+
+    task: PartitionTask | ShardTask
     reports: list[StageReport] = field(default_factory=list)
     error: str | None = None  # one line
     detail: str | None = None  # the traceback, for --debug and the run log
@@ -70,15 +97,17 @@ class PartitionOutcome:
 
     @property
     def key(self) -> str:
-        return f"{self.task.company}|{self.task.quarter.isoformat()}"
+        return self.task.key
 
 
 def report_of(stage: str, result) -> StageReport:
     table = result.table
-    return StageReport(stage=stage, rows=table.num_rows, columns=[(f.name, str(f.type)) for f in table.schema],
-                       path=str(result.path), stamp=result.stamp.to_json(),
-                       counts={key: int(value) for key, value in result.counts.items()}, notes=list(result.notes),
-                       metadata=dict(result.metadata), missing={key: int(value) for key, value in result.missing.items()})
+    return StageReport(stage=stage, rows=table.num_rows if result.rows is None else result.rows,
+                       columns=[(f.name, str(f.type)) for f in table.schema], path=str(result.path),
+                       stamp=result.stamp.to_json(), counts={key: int(value) for key, value in result.counts.items()},
+                       notes=list(result.notes), metadata=dict(result.metadata),
+                       missing={key: int(value) for key, value in result.missing.items()},
+                       input_versions=dict(result.input_versions))
 
 
 # --- in a worker -----------------------------------------------------------------------------
@@ -98,18 +127,23 @@ def _runtime(settings: Settings) -> Runtime:
     return _RUNTIMES[identity]
 
 
-def build_one(settings: Settings, task: PartitionTask) -> PartitionOutcome:
-    """Rebuild one partition's stale stages; every error is caught and described."""
+def build_one(settings: Settings, task: PartitionTask | ShardTask | GlobalTask) -> PartitionOutcome:
+    """Rebuild one partition's stale stages, or run one shard of a shard stage; every error is
+    caught and described."""
     started = time.perf_counter()
     outcome = PartitionOutcome(task)
     try:
-        rows = load_source(settings.source).rows_for(task.company, task.quarter)
-        results = build_partition(_runtime(settings), (task.company, task.quarter), set(task.stages), rows)
-        outcome.reports = [report_of(stage, result) for stage, result in results.items()]
+        if isinstance(task, (ShardTask, GlobalTask)):
+            result = run_global(_runtime(settings), catalog.stage(task.stage), getattr(task, "shard", None))
+            outcome.reports = [report_of(task.stage, result)]
+        else:
+            rows = load_source(settings.source).rows_for(task.company, task.quarter)
+            results = build_partition(_runtime(settings), (task.company, task.quarter), set(task.stages), rows)
+            outcome.reports = [report_of(stage, result) for stage, result in results.items()]
     except StageIncomplete as error:
         outcome.error = str(error)
     except Exception as error:  # noqa: BLE001 - one partition's failure must not stop the others
-        outcome.error = f"{type(error).__name__}: {error}"
+        outcome.error = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         outcome.detail = traceback.format_exc()
     outcome.seconds = time.perf_counter() - started
     return outcome
@@ -171,11 +205,12 @@ def prestart(settings: Settings, workers: int, log_level: str = "WARNING") -> No
         _prestarted[(_identity(settings), workers, log_level)] = _new_pool(settings, workers, log_level)
 
 
-def run_partitions(settings: Settings, tasks: list[PartitionTask], workers: int,
+def run_partitions(settings: Settings, tasks: list[PartitionTask] | list[ShardTask], workers: int,
                    log_level: str = "WARNING") -> Iterator[PartitionOutcome]:
-    """Build `tasks`, yielding each outcome as it lands. With one worker the partitions are
-    built in this process; otherwise in `workers` spawned processes. On KeyboardInterrupt (or
-    when the caller stops iterating) the workers are killed at once and nothing more starts."""
+    """Run `tasks` (partitions to build, or shards of a shard stage), yielding each outcome as it
+    lands. With one worker the tasks run in this process; otherwise in `workers` spawned
+    processes, so each shard's memory is its own. On KeyboardInterrupt (or when the caller
+    stops iterating) the workers are killed at once and nothing more starts."""
     if workers <= 1 or len(tasks) <= 1:
         for task in tasks:
             yield build_one(settings, task)

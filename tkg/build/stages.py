@@ -29,19 +29,23 @@ from tkg.build.state import (
     HalfBuilt,
     consistent_versions,
     global_inputs,
-    global_stamps,
     outside_versions,
+    read_state,
     stage_path,
+    stage_version,
     stale_inputs,
+    stale_stage,
 )
 from tkg.core import tables
+from tkg.core.ids import short_hash
+from tkg.core.machine import memory_watch
 from tkg.core.partitions import Partition, key_of
 from tkg.core.results import StageIncomplete, StageJob, StageResult, missing_text
 from tkg.core.versions import Stamp, stamp_of_schema, stamped
 from tkg.ingest.parsing import SourceRow
 from tkg.llm.client import RequestFailed
 from tkg.providers import Providers, fingerprints, open_providers
-from tkg.settings import Settings
+from tkg.settings import Settings, size_in_bytes
 from tkg.store.parquet import ParquetStore
 
 
@@ -97,15 +101,15 @@ def compute(stage: Stage, job: StageJob, usage: list[dict[str, Any]]) -> StageRe
 
 
 def record_usage(store: ParquetStore, usage: list[dict[str, Any]], company: str | None = None,
-                 quarter: date | None = None) -> None:
+                 quarter: date | None = None, shard: str | None = None) -> None:
     """Write the LLM accounting of the steps that made requests, one file per step (and
-    partition); offline steps have none."""
+    partition, or shard); offline steps have none."""
     now = datetime.now(timezone.utc)
     by_step: dict[str, list[dict]] = {}
     for row in usage:
         by_step.setdefault(row["step"], []).append({**row, "company": company, "quarter": quarter, "recorded_at": now})
     for step, rows in by_step.items():
-        store.write(store.usage_path(step, company, quarter), tables.to_table(rows, tables.LLM_CALLS))
+        store.write(store.usage_path(step, company, quarter, shard), tables.to_table(rows, tables.LLM_CALLS))
 
 
 def read_partition(store: ParquetStore, stage: Stage, partition: Partition) -> pa.Table:
@@ -186,23 +190,167 @@ def build_partition(runtime: Runtime, partition: Partition, names: set[str], row
     return results
 
 
-def run_global(runtime: Runtime, stage: Stage) -> StageResult:
-    """A global stage over every partition of a whole store, once the global stages it reads
-    cover the partitions; its tables are written with one stamp, the stamp table last."""
-    store = runtime.store
-    versions = consistent_versions(store)
-    problems = stale_inputs(stage, store, versions)
+def run_global(runtime: Runtime, stage: Stage, shard: str | None = None) -> StageResult:
+    """A global stage over every partition of a whole store, or one shard of a shard stage,
+    once the global and shard stages it reads cover the partitions. Its tables are written
+    with one stamp, the stamp table last; a global stage's tables split by shard go first, to a
+    folder of their version, which the stamp then commits (older versions are removed)."""
+    store, settings = runtime.store, runtime.settings
+    shard_keys = shard_keys_of(settings)
+    state = read_state(store, shard_keys)
+    versions = consistent_versions(state)
+    problems = stale_inputs(stage, state, versions)
     if problems:
-        raise HalfBuilt(f"{stage.name} cannot run yet: {'; '.join(problems)}; materialise them first")
+        raise HalfBuilt(f"{stage.name}{' shard ' + shard if shard else ''} cannot run yet: {'; '.join(problems)}")
+    upstream = {name: stage_version(catalog.stage(name), state, versions) for name in stage.inputs}
+    if shard is not None:
+        check_memory_limit(store, stage, shard, upstream, settings)
+    stamp = Stamp(stage.name, runtime.code_versions[stage.name], global_inputs(stage, state, versions, shard))
+    kept = _kept(store, stage, shard, stamp) if shard is not None else None
+    if kept is not None:
+        kept.input_versions = upstream
+        return kept
     usage: list[dict[str, Any]] = []
-    job = StageJob(None, {}, runtime.providers, allow_partial=runtime.settings.allow_partial, store=store)
-    try:
-        result = compute(stage, job, usage)
-    finally:
-        record_usage(store, usage)
-    result.stamp = Stamp(stage.name, runtime.code_versions[stage.name], global_inputs(stage, versions, global_stamps(store)),
-                         dict(result.missing))
-    outputs = result.tables or {stage.table.name: result.table}
-    for table in stage.tables:
-        result.path = store.write(store.global_path(stage.name, table.name), stamped(outputs[table.name], result.stamp))
+    with settings.spilling_connection() as connection:
+        job = StageJob(None, {}, runtime.providers, allow_partial=settings.allow_partial, store=store, connection=connection,
+                       shard=shard, shard_keys=shard_keys, versions=upstream, previous=_trusted_previous(store, stage, shard, stamp))
+        limit = size_in_bytes(settings.memory_limit, "TKG_MEMORY_LIMIT")
+        advice = "more shards (TKG_SHARDS) make each smaller" if shard else "TKG_STEP_MEMORY bounds its DuckDB part"
+        try:
+            with memory_watch(limit, f"{stage.name}{' shard ' + shard if shard else ''} (TKG_MEMORY_LIMIT="
+                                     f"{settings.memory_limit}; {advice})", connection.interrupt):
+                result = compute(stage, job, usage)
+        finally:
+            record_usage(store, usage, shard=shard)
+        result.stamp = Stamp(stage.name, stamp.code_version, stamp.inputs, dict(result.missing))
+        for table in stage.shard_tables:
+            split = result.shard_tables[table.name]
+            store.write_split(store.split_folder(stage.name, result.stamp.version, table.name),
+                              _conformed(split, table.schema.append(pa.field("shard", pa.string())), None))
+        if stage.shard_tables:
+            parts = split_fingerprints(store, connection, stage, result.stamp.version, shard_keys)
+            result.stamp = Stamp(stage.name, stamp.code_version, stamp.inputs, dict(result.missing), parts)
+        outputs = result.tables or {stage.table.name: result.table}
+        for table in stage.tables:
+            path = (store.shard_path(stage.name, shard, table.name) if stage.sharded
+                    else store.global_path(stage.name, table.name))
+            result.path = store.write(path, _conformed(outputs[table.name], table.schema, result.stamp))
+        result.input_versions = upstream
+    if stage.shard_tables:  # the stamp now names the new version: the older ones are read by nobody
+        for version in store.versions_of(stage.name):
+            if version != result.stamp.version:
+                store.delete_folder(store.parquet_root / stage.name / f"v={version}")
     return result
+
+
+# What a shard step holds per byte of its input's decoded Parquet (Arrow tables, the numpy
+# copies of its vectors and keys, the products' chunks), and what the process holds anyway;
+# measured on the 1M-event benchmark store (benchmarks/README.md).
+SHARD_MEMORY_FACTOR = 3.0
+PROCESS_BASE = 500 * 10**6
+
+
+class ShardTooBig(RuntimeError):
+    """A shard's input is more than a shard step may hold (TKG_MEMORY_LIMIT)."""
+
+
+def shard_input(store: ParquetStore, stage: Stage, shard: str, upstream: dict[str, str]) -> tuple[int, int]:
+    """The rows and decoded bytes a shard step reads (its shard of the split tables it reads),
+    from the files' footers."""
+    rows = size = 0
+    for name in stage.inputs:
+        for table in catalog.stage(name).shard_tables:
+            for path in store.split_files(name, upstream[name], table.name, shard):
+                metadata = store.metadata(path)
+                rows += metadata.num_rows
+                size += sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    return rows, size
+
+
+def check_memory_limit(store: ParquetStore, stage: Stage, shard: str, upstream: dict[str, str], settings: Settings) -> None:
+    """Fail before starting, naming the shard and its size, when a shard step would need more
+    memory than TKG_MEMORY_LIMIT: a clear error, never a machine that swaps until it dies."""
+    rows, size = shard_input(store, stage, shard, upstream)
+    need = int(size * SHARD_MEMORY_FACTOR) + PROCESS_BASE
+    limit = size_in_bytes(settings.memory_limit, "TKG_MEMORY_LIMIT")
+    if need > limit:
+        raise ShardTooBig(
+            f"{stage.name} shard {shard} is too big for one process: {rows:,} input rows, {size / 1e9:.2f} GB decoded, "
+            f"about {need / 1e9:.1f} GB to run, over TKG_MEMORY_LIMIT={settings.memory_limit}. Split the work into more "
+            f"shards (TKG_SHARDS, now {settings.shards}) or allow more memory per shard (TKG_MEMORY_LIMIT) on a machine "
+            "that has it; the other shards and the published graph are kept")
+
+
+def _kept(store: ParquetStore, stage: Stage, shard: str, expected: Stamp) -> StageResult | None:
+    """A shard's output as it stands, when it was built from exactly what it would be built
+    from now and is complete: nothing to redo (a backfill or automation run over every shard
+    costs a look at the stamps for the shards whose rows did not change). None when it must run."""
+    path = store.shard_path(stage.name, shard, stage.table.name)
+    current = store.stamp(path) if store.is_file(path) else None
+    if (current is None or current.code_version != expected.code_version or current.inputs != expected.inputs
+            or not current.complete):
+        return None
+    return StageResult(stage.table.schema.empty_table(), stamp=current, path=path, rows=store.metadata(path).num_rows,
+                       notes=["its inputs did not change since it was built: kept as it is"])
+
+
+def _trusted_previous(store: ParquetStore, stage: Stage, shard: str | None, stamp: Stamp) -> dict[str, Any]:
+    """The stage's last output files (by table name) if one run of the same code and the same
+    settings wrote them all (their stamps agree), else nothing."""
+    paths = {table.name: (store.shard_path(stage.name, shard, table.name) if stage.sharded
+                          else store.global_path(stage.name, table.name)) for table in stage.tables}
+    stamps = [store.stamp(path) if store.is_file(path) else None for path in paths.values()]
+    first = stamps[0]
+    if first is None or any(other != first for other in stamps) or first.code_version != stamp.code_version:
+        return {}
+    settings_of = {key: value for key, value in stamp.inputs.items() if key not in stage.inputs}
+    if {key: value for key, value in first.inputs.items() if key not in stage.inputs} != settings_of:
+        return {}
+    return paths
+
+
+def split_fingerprints(store: ParquetStore, connection: Any, stage: Stage, version: str, shard_keys: list[str]
+                       ) -> dict[str, str]:
+    """A fingerprint of each shard's rows of a global step's split tables (shards without rows
+    left out): the row count and an order-free sum of the rows' hashes, so the same rows give
+    the same fingerprint however they were split into files."""
+    parts = {}
+    for shard in shard_keys:
+        sums = []
+        for table in stage.shard_tables:
+            files = store.split_files(stage.name, version, table.name, shard)
+            if not files:
+                continue
+            store.relation(connection, files).select(*table.schema.names).create_view("_split_rows", replace=True)
+            columns = ", ".join(f'"{name}"' for name in table.schema.names)
+            rows, total = connection.execute(f"SELECT count(*), sum(hash({columns})) FROM _split_rows").fetchall()[0]
+            sums.append(f"{table.name}:{rows}:{total}")
+        if sums:
+            parts[shard] = short_hash("|".join(sums))
+    return parts
+
+
+def stale_work(runtime: Runtime, stage: catalog.Stage) -> list[str]:
+    """What of a global or shard stage must run: ['*'] for a global stage that does not cover
+    its inputs, the shards of a shard stage that do not; [] when it is current."""
+    state = read_state(runtime.store, shard_keys_of(runtime.settings))
+    versions = consistent_versions(state)
+    if not stage.sharded:
+        return ["*"] if stale_stage(stage, state, versions, runtime.code_versions) else []
+    return [key for key, stamp in state.shards[stage.name].items()
+            if stamp is None or stamp.code_version != runtime.code_versions[stage.name] or not stamp.complete
+            or stamp.inputs != global_inputs(stage, state, versions, key)]
+
+
+def shard_keys_of(settings: Settings) -> list[str]:
+    return catalog.shard_keys(settings.shards)
+
+
+def _conformed(output: Any, schema: pa.Schema, stamp: Stamp | None) -> pa.Table | pa.RecordBatchReader:
+    """An output as `schema` (with `stamp` in its metadata): a table, or a stream of batches for
+    a DuckDB relation."""
+    if isinstance(output, pa.Table):
+        return stamped(output.cast(schema), stamp) if stamp else output.cast(schema)
+    target = stamped(schema.empty_table(), stamp).schema if stamp else schema
+    reader = output.fetch_arrow_reader(batch_size=65536)
+    return pa.RecordBatchReader.from_batches(target, (batch.cast(target) for batch in reader))

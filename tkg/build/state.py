@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import PurePath
 
-from tkg.build.catalog import GLOBAL, PARTITIONED, PARTITIONED_NAMES, Stage
+from tkg.build.catalog import BY_NAME, GLOBAL, PARTITIONED, PARTITIONED_NAMES, Stage
 from tkg.core.companies import Company, get_company, load_companies
 from tkg.core.ids import short_version
 from tkg.core.partitions import Partition, key_of, parse_key, sort_key
 from tkg.core.versions import Stamp, combine
 from tkg.ingest.parsing import SourceRow
 from tkg.ingest.sources import rows_fingerprint
+from tkg.store.manifest import stamped_files
 from tkg.store.parquet import ParquetStore
 
 
@@ -49,28 +51,65 @@ def outside_versions(stage: Stage, rows: list[SourceRow] | None = None, company:
     return {name: OUTSIDE_INPUTS[name](rows or [], company) for name in stage.outside_inputs}
 
 
-def stage_path(store: ParquetStore, stage: Stage, partition: Partition | None = None) -> PurePath:
-    """The file that carries a stage's stamp: a partition's file, or a global stage's last table."""
+def stage_path(store: ParquetStore, stage: Stage, partition: Partition | None = None, shard: str | None = None) -> PurePath:
+    """The file that carries a stage's stamp: a partition's file, a shard's last table, or a
+    global stage's last table."""
     if stage.partitioned:
         return store.partition_path(stage.name, *partition)
+    if stage.sharded:
+        return store.shard_path(stage.name, shard, stage.table.name)
     return store.global_path(stage.name, stage.table.name)
+
+
+@dataclass
+class StoreState:
+    """The stamps of what the store holds, read once (through the manifest, tkg.store.manifest)."""
+
+    partitions: dict[Partition, dict[str, Stamp | None]]  # every partition with a stage file: each stage's stamp
+    globals: dict[str, Stamp | None]  # each global stage's stamp (None: not built)
+    shards: dict[str, dict[str, Stamp | None]]  # each shard stage's stamp per shard
+
+    def stored(self) -> list[Partition]:
+        """Every partition with at least one stage file, oldest first."""
+        return sorted(self.partitions, key=sort_key)
+
+    def stamps_of(self, partition: Partition) -> dict[str, Stamp | None]:
+        return self.partitions.get(partition) or {name: None for name in PARTITIONED_NAMES}
+
+
+def read_state(store: ParquetStore, shard_keys: list[str] | None = None) -> StoreState:
+    """The stamps of every partitioned, global and shard stage file of the store (the shards
+    named by `shard_keys`, default the shards of the settings' count)."""
+    partitions: dict[Partition, dict[str, Stamp | None]] = {}
+    shard_keys = shard_keys if shard_keys is not None else []
+    stamp_files = {f"{stage.name}/{stage.table.name}.parquet": stage.name for stage in GLOBAL if not stage.sharded}
+    globals_: dict[str, Stamp | None] = {name: None for name in stamp_files.values()}
+    shards: dict[str, dict[str, Stamp | None]] = {stage.name: {key: None for key in shard_keys}
+                                                   for stage in GLOBAL if stage.sharded}
+    shard_files = {f"{stage.name}/shard={key}/{stage.table.name}.parquet": (stage.name, key)
+                   for stage in GLOBAL if stage.sharded for key in shard_keys}
+    listed_files = stamped_files(store, [stage.name for stage in (*PARTITIONED, *GLOBAL)],
+                                 wanted=lambda path: "/v=" not in path)
+    for listed in listed_files:
+        parts = listed.path.split("/")
+        if len(parts) == 4 and parts[1].startswith("company=") and parts[2].startswith("quarter=") \
+                and parts[3] == f"{parts[0]}.parquet" and parts[0] in PARTITIONED_NAMES:
+            try:
+                partition = parse_key(f"{parts[1].removeprefix('company=')}|{parts[2].removeprefix('quarter=')}")
+            except ValueError:
+                continue
+            partitions.setdefault(partition, {name: None for name in PARTITIONED_NAMES})[parts[0]] = listed.stamp
+        elif listed.path in stamp_files:
+            globals_[stamp_files[listed.path]] = listed.stamp
+        elif listed.path in shard_files:
+            name, key = shard_files[listed.path]
+            shards[name][key] = listed.stamp
+    return StoreState(partitions, globals_, shards)
 
 
 def stored_partitions(store: ParquetStore) -> list[Partition]:
     """Every partition with at least one stage file in the store."""
-    found = set()
-    for name in PARTITIONED_NAMES:
-        for path in store.partition_files(name):
-            folder = path.parent
-            try:
-                found.add(parse_key(f"{folder.parent.name.removeprefix('company=')}|{folder.name.removeprefix('quarter=')}"))
-            except ValueError:
-                continue
-    return sorted(found, key=sort_key)
-
-
-def partition_stamps(store: ParquetStore, partition: Partition) -> dict[str, Stamp | None]:
-    return {stage.name: store.stamp(stage_path(store, stage, partition)) for stage in PARTITIONED}
+    return read_state(store).stored()
 
 
 def half_built(stamps: dict[str, Stamp | None]) -> str | None:
@@ -85,12 +124,12 @@ def half_built(stamps: dict[str, Stamp | None]) -> str | None:
     return None
 
 
-def partial_partitions(store: ParquetStore) -> dict[str, dict[str, int]]:
+def partial_partitions(state: StoreState) -> dict[str, dict[str, int]]:
     """Partitions built from a partial result, with what each lacks."""
     missing: dict[str, dict[str, int]] = {}
-    for partition in stored_partitions(store):
+    for partition in state.stored():
         lacking: Counter = Counter()
-        for stamp in partition_stamps(store, partition).values():
+        for stamp in state.partitions[partition].values():
             if stamp is not None:
                 lacking.update(stamp.missing)
         if lacking:
@@ -98,14 +137,14 @@ def partial_partitions(store: ParquetStore) -> dict[str, dict[str, int]]:
     return missing
 
 
-def consistent_versions(store: ParquetStore) -> dict[str, dict[str, str]]:
+def consistent_versions(state: StoreState) -> dict[str, dict[str, str]]:
     """Per partitioned stage, the version of every partition, after checking that every
     partition in the store is whole. Raises HalfBuilt naming the partitions that are not, so
     no global step ever reads a mix of new and old stages."""
     versions: dict[str, dict[str, str]] = {name: {} for name in PARTITIONED_NAMES}
     problems = []
-    for partition in stored_partitions(store):
-        stamps = partition_stamps(store, partition)
+    for partition in state.stored():
+        stamps = state.partitions[partition]
         reason = half_built(stamps)
         if reason:
             problems.append(f"{key_of(*partition)} ({reason})")
@@ -119,62 +158,91 @@ def consistent_versions(store: ParquetStore) -> dict[str, dict[str, str]]:
     return versions
 
 
-def global_stamps(store: ParquetStore) -> dict[str, Stamp | None]:
-    return {stage.name: store.stamp(stage_path(store, stage)) for stage in GLOBAL}
+def stage_version(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]]) -> str:
+    """One version for what a stage holds now: its stamp's; every shard's, or every partition's,
+    combined ('' for a global stage not built)."""
+    if stage.partitioned:
+        return combine(versions[stage.name])
+    if stage.sharded:
+        return combine({key: stamp.version if stamp else "" for key, stamp in state.shards[stage.name].items()})
+    stamp = state.globals.get(stage.name)
+    return stamp.version if stamp else ""
 
 
-def global_inputs(stage: Stage, versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None]) -> dict[str, str]:
-    """The inputs a global stage should be built from, given the partition versions and the
-    stamps of the global stages it reads: every partition of a partitioned input, combined."""
+def global_inputs(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]], shard: str | None = None
+                  ) -> dict[str, str]:
+    """The inputs a global stage (or a shard of a shard stage) should be built from, given what
+    the store holds: every partition of a partitioned input, every shard of a shard input,
+    combined. A shard reads only its own rows of a global step's split tables: the fingerprint
+    of those rows stands for that input, so the shard is current while they are unchanged."""
     inputs = outside_versions(stage)
     for upstream in stage.inputs:
-        if upstream in versions:
-            inputs[upstream] = combine(versions[upstream])
+        row = BY_NAME[upstream]
+        if shard is not None and row.shard_tables:
+            stamp = state.globals.get(upstream)
+            inputs[upstream] = f"rows:{stamp.parts.get(shard, 'none')}" if stamp is not None else ""
         else:
-            stamp = stamps.get(upstream)
-            inputs[upstream] = stamp.version if stamp else ""
+            inputs[upstream] = stage_version(row, state, versions)
+    if shard is not None:
+        inputs["shard"] = shard
     return inputs
 
 
-def warehouse_inputs(versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None]) -> dict[str, str]:
-    """What the published file is built from: every partition and every global step."""
+def warehouse_inputs(versions: dict[str, dict[str, str]], state: StoreState) -> dict[str, str]:
+    """What the published file is built from: every partition and every global and shard step."""
     inputs = {name: combine(by_partition) for name, by_partition in versions.items()}
     for stage in GLOBAL:
-        stamp = stamps.get(stage.name)
-        inputs[stage.name] = stamp.version if stamp else ""
+        inputs[stage.name] = stage_version(stage, state, versions)
     return inputs
 
 
-def stale_globals(versions: dict[str, dict[str, str]], stamps: dict[str, Stamp | None],
+def _stamp_reason(stage: Stage, stamp: Stamp | None, expected: dict[str, str], code_versions: dict[str, str] | None
+                  ) -> str | None:
+    if stamp is None:
+        return "missing"
+    if code_versions is not None and stamp.code_version != code_versions[stage.name]:
+        return "code changed"
+    if stamp.inputs != expected:
+        return "older than its inputs"
+    if not stamp.complete:
+        return "incomplete"
+    return None
+
+
+def stale_stage(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]],
+                code_versions: dict[str, str] | None = None) -> str | None:
+    """Why a global or shard stage does not cover what it reads (None: it does): missing, older
+    than its inputs, incomplete, or (when `code_versions` are given) built by other code. A
+    shard stage is current when every shard is."""
+    if not stage.sharded:
+        reason = _stamp_reason(stage, state.globals.get(stage.name), global_inputs(stage, state, versions), code_versions)
+        return f"{'code changed: ' + stage.name if reason == 'code changed' else stage.name + ' ' + reason}" if reason else None
+    stale = Counter()
+    for key, stamp in state.shards[stage.name].items():
+        reason = _stamp_reason(stage, stamp, global_inputs(stage, state, versions, key), code_versions)
+        if reason:
+            stale[reason] += 1
+    if not stale:
+        return None
+    total = len(state.shards[stage.name])
+    return f"{stage.name}: " + ", ".join(f"{count} of {total} shard(s) {reason}" for reason, count in sorted(stale.items()))
+
+
+def stale_globals(versions: dict[str, dict[str, str]], state: StoreState,
                   code_versions: dict[str, str] | None = None) -> list[str]:
-    """Why the global steps (before the warehouse) do not cover the partitions: missing, older
-    than their inputs, incomplete, or (when `code_versions` are given) built by other code."""
-    reasons = []
-    for stage in GLOBAL:
-        stamp = stamps[stage.name]
-        if stamp is None:
-            reasons.append(f"{stage.name} missing")
-        elif code_versions is not None and stamp.code_version != code_versions[stage.name]:
-            reasons.append(f"code changed: {stage.name}")
-        elif stamp.inputs != global_inputs(stage, versions, stamps):
-            reasons.append(f"{stage.name} older than its inputs")
-        elif not stamp.complete:
-            reasons.append(f"{stage.name} incomplete")
-    return reasons
+    """Why the global and shard steps (before the warehouse) do not cover the partitions."""
+    return [reason for stage in GLOBAL if (reason := stale_stage(stage, state, versions, code_versions))]
 
 
-def stale_inputs(stage: Stage, store: ParquetStore, versions: dict[str, dict[str, str]]) -> list[str]:
-    """The global stages `stage` reads that are missing or older than their own inputs: it
-    must not run before they are rebuilt."""
-    stamps = global_stamps(store)
+def stale_inputs(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]]) -> list[str]:
+    """The global and shard stages `stage` reads that are missing or older than their own
+    inputs: it must not run before they are rebuilt."""
     problems = []
     for upstream in stage.inputs:
-        row = next((other for other in GLOBAL if other.name == upstream), None)
-        if row is None:
+        row = BY_NAME[upstream]
+        if row.partitioned:
             continue
-        stamp = stamps.get(upstream)
-        if stamp is None:
-            problems.append(f"{upstream} has not been materialised yet")
-        elif stamp.inputs != global_inputs(row, versions, stamps):
-            problems.append(f"{upstream} is older than the partitions it should cover")
+        reason = stale_stage(row, state, versions)
+        if reason:
+            problems.append(reason + ("; materialise it first" if not row.sharded else "; materialise every shard first"))
     return problems

@@ -19,7 +19,13 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from tkg.build import catalog
@@ -144,7 +150,7 @@ def _build(settings: Settings, wanted: set[str], first: date | None, last: date 
                 console.print(f"[red]  {key}: {error}[/]")
             console.print("rerun `tkg build` to retry them (answers already received are cached)")
             raise typer.Exit(EXIT_FAILED)
-        error = _refresh(defs, instance, report)
+        error = _refresh(defs, instance, max(1, min(usable_cores(), settings.shards)), report)
         report.mark("global_steps")
         if error:
             report.failed["global steps"] = error
@@ -266,15 +272,21 @@ def _ingest(defs, instance, plan, workers: int, progress: _BuildProgress) -> lis
     return failed
 
 
-def _refresh(defs, instance, report: BuildRecord | None = None) -> str | None:
-    """Run the global steps; None on success, else the first failure's message."""
+def _refresh(defs, instance, workers: int = 1, report: BuildRecord | None = None) -> str | None:
+    """Run the global half (global steps in this process, shards in `workers` processes), then
+    publish; None on success, else the first failure's message."""
     from tkg_assets.instance import run_failure, run_in_process, run_tags
 
-    result = run_in_process(defs, "refresh_graph", instance, run_config=_QUIET, tags=run_tags())
-    if report is not None:
-        report.steps = {stats.step_key: round(stats.end_time - stats.start_time, 3)
-                        for stats in instance.get_run_step_stats(result.run_id) if stats.end_time and stats.start_time}
-    return run_failure(result, "refresh_graph")
+    config = {**_QUIET, "ops": {"refresh_global_steps": {"config": {"workers": workers, "log_level": _log_level()}}}}
+    for job_name, run_config in (("refresh_graph", config), ("publish_graph", _QUIET)):
+        result = run_in_process(defs, job_name, instance, run_config=run_config, tags=run_tags())
+        if report is not None:
+            report.steps.update({stats.step_key: round(stats.end_time - stats.start_time, 3)
+                                 for stats in instance.get_run_step_stats(result.run_id) if stats.end_time and stats.start_time})
+        error = run_failure(result, job_name)
+        if error:
+            return error
+    return None
 
 
 def _print_counts(path: Path) -> bool:
@@ -308,7 +320,7 @@ def _plan(settings: Settings, wanted: set[str] | None = None, force: bool = Fals
     loaded = load_source(settings.source)
     selection = partitions_of(loaded, wanted or None, since, until)
     plan = plan_build(settings.store(), loaded, selection, catalog.code_versions(fingerprints(settings)), force=force,
-                      warehouse_stamp=published_stamp(settings.warehouse))
+                      warehouse_stamp=published_stamp(settings.warehouse), shards=settings.shards)
     return loaded, selection, plan
 
 

@@ -6,7 +6,13 @@ import re
 import unicodedata
 from functools import lru_cache
 
-from cleanco.clean import custom_basename, normalized, prepare_default_terms, strip_punct, strip_tail
+from cleanco.clean import (
+    custom_basename,
+    normalized,
+    prepare_default_terms,
+    strip_punct,
+    strip_tail,
+)
 
 from tkg.core.companies import Company, load_companies
 

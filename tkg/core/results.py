@@ -127,6 +127,18 @@ class StageJob:
     rows: list[Any] = field(default_factory=list)  # the partition's source rows (the transcripts stage)
     allow_partial: bool = False  # a stage that could not finish may keep what it has (see StageIncomplete)
     store: Any = None  # tkg.store.parquet.ParquetStore: what a global stage reads every partition from
+    connection: Any = None  # a DuckDB connection that spills to disk, for a global stage's set work
+    shard: str | None = None  # a shard stage's shard ('00', '01', ...)
+    shard_keys: list[str] = field(default_factory=list)  # every shard, for the stages that split or merge them
+    versions: dict[str, str] = field(default_factory=dict)  # the versions of the global stages it reads (their split folders)
+    # The stage's own last output (its files by table name) when the same code and settings
+    # wrote it: a stage may keep the parts of it whose inputs did not change (a memo, never
+    # a different result). Empty when there is none to trust.
+    previous: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shards(self) -> int:
+        return len(self.shard_keys)
 
 
 @dataclass
@@ -134,9 +146,12 @@ class StageResult:
     """A stage's output table and what it counted (rows skipped or dropped, with reasons)."""
 
     table: pa.Table
-    # Every output table by its raw-table name, for a stage that writes several (its stamp table
-    # is `table`); a stage that writes one leaves it empty.
-    tables: dict[str, pa.Table] = field(default_factory=dict)
+    # Every output by its raw-table name, for a stage that writes several (its stamp table is
+    # `table`); a stage that writes one leaves it empty. An output may be a DuckDB relation on
+    # the job's connection: it is streamed to its file, never held whole in memory.
+    tables: dict[str, Any] = field(default_factory=dict)
+    # A global stage's tables split by shard: DuckDB relations with a `shard` column.
+    shard_tables: dict[str, Any] = field(default_factory=dict)
     counts: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
     missing: Counter = field(default_factory=Counter)  # items a partial result lacks
@@ -144,6 +159,10 @@ class StageResult:
     usage: list[dict[str, Any]] = field(default_factory=list)  # llm_calls rows of the requests it made
     stamp: Any = None  # the tkg.core.versions.Stamp the output is written with
     path: PurePath | None = None  # where the runner wrote the table
+    # The data versions of the stages it read, as Dagster knows them (a global or shard step's:
+    # each input stage's whole version; a shard's stamp holds its rows' fingerprint instead).
+    input_versions: dict[str, str] = field(default_factory=dict)
+    rows: int | None = None  # the rows of a kept output (the table is then not read back)
 
 
 class StageIncomplete(RuntimeError):

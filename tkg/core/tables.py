@@ -103,6 +103,34 @@ FACT_RELEVANCE = pa.schema([
 ])
 
 
+# -- the intermediate tables of the sharded global steps (tkg.invalidate.stages); not published --
+
+# The facts invalidation looks at (FACT, non-ATEMPORAL events with triplets) and the fact each states.
+FACTS = pa.schema([
+    ("event_id", pa.string()), ("statement", pa.string()), ("statement_type", pa.string()), ("temporal_type", pa.string()),
+    ("valid_at", TIMESTAMP), ("invalid_at", TIMESTAMP), ("created_at", TIMESTAMP), ("embedding", EMBEDDING),
+    ("fact_key", pa.string()),
+])
+# The blocks: the facts sharing a canonical entity under a predicate group.
+BLOCK_MEMBERS = pa.schema([("canonical_id", pa.string()), ("predicate_group", pa.int8()), ("event_id", pa.string())])
+# Triplets with canonical subject and object (what the judge reads of a fact).
+RESOLVED_TRIPLETS = pa.schema([
+    ("triplet_id", pa.string()), ("event_id", pa.string()), ("subject", pa.string()), ("subject_id", pa.string()),
+    ("predicate", pa.string()), ("object", pa.string()), ("object_id", pa.string()), ("value", pa.string()),
+])
+# Per shard, how many rows a step wrote for it (the stamp table of a step with sharded outputs).
+SHARD_SUMMARY = pa.schema([("shard", pa.int32()), ("table_name", pa.string()), ("rows", pa.int64())])
+# An incoming event's best facts per candidate type (tkg.invalidate.candidates).
+CANDIDATE_RANKS = pa.schema([
+    ("incoming_event_id", pa.string()), ("candidate_dynamic", pa.bool_()), ("fact_key", pa.string()),
+    ("cosine", pa.float32()), ("block_entity", pa.string()), ("block_group", pa.int8()), ("predicate_group", pa.int8()),
+])
+# The blocks a shard's candidate ranks cover, each with a fingerprint of its members' facts.
+RANKED_BLOCKS = pa.schema([("canonical_id", pa.string()), ("predicate_group", pa.int8()), ("fingerprint", pa.string())])
+# A primary event's earliest retirer in one shard.
+RETIREMENTS = pa.schema([("event_id", pa.string()), ("invalid_at", TIMESTAMP), ("invalidated_by", pa.string())])
+
+
 LLM_CALLS = pa.schema([
     ("step", pa.string()), ("stage", pa.string()), ("company", pa.string()), ("quarter", pa.date32()),
     ("backend", pa.string()), ("model", pa.string()), ("requests", pa.int64()), ("cache_hits", pa.int64()),

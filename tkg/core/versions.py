@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,12 +39,19 @@ def combine(versions: dict[str, str]) -> str:
 @dataclass(frozen=True)
 class Stamp:
     """What a file was built from. `missing` counts the items a stage could not produce
-    (only ever set when a partial result was asked for); such a file is stale until rebuilt."""
+    (only ever set when a partial result was asked for); such a file is stale until rebuilt.
+    `parts`, for a global step that splits its tables by shard, is a fingerprint of each
+    shard's rows: what a shard step reads of it, so a shard whose rows did not change is not
+    rebuilt when another shard's did (it is not part of the version)."""
 
     stage: str
     code_version: str
     inputs: dict[str, str]
     missing: dict[str, int] = field(default_factory=dict)
+    parts: dict[str, str] = field(default_factory=dict)
+    # A fingerprint of the columns the file was written with (set by `stamped`): files of one
+    # schema can be scanned without matching every file's columns by name.
+    schema: str = field(default="", compare=False)
 
     @property
     def version(self) -> str:
@@ -55,19 +62,26 @@ class Stamp:
         return not any(self.missing.values())
 
     def to_json(self) -> str:
-        return json.dumps({"stage": self.stage, "code_version": self.code_version, "inputs": self.inputs,
-                           "missing": self.missing, "version": self.version}, sort_keys=True)
+        data = {"stage": self.stage, "code_version": self.code_version, "inputs": self.inputs,
+                "missing": self.missing, "version": self.version}
+        if self.parts:
+            data["parts"] = self.parts
+        if self.schema:
+            data["schema"] = self.schema
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Stamp:
         data = json.loads(text)
-        return cls(data["stage"], data["code_version"], dict(data["inputs"]), dict(data.get("missing") or {}))
+        return cls(data["stage"], data["code_version"], dict(data["inputs"]), dict(data.get("missing") or {}),
+                   dict(data.get("parts") or {}), data.get("schema") or "")
 
 
 def stamped(table: pa.Table, stamp: Stamp) -> pa.Table:
-    """`table` with `stamp` in its schema metadata (kept by Parquet)."""
+    """`table` with `stamp` (and the fingerprint of its columns) in its schema metadata (kept by Parquet)."""
     metadata = dict(table.schema.metadata or {})
-    metadata[_KEY] = stamp.to_json().encode()
+    columns = hashlib.sha256(table.schema.remove_metadata().to_string().encode()).hexdigest()[:16]
+    metadata[_KEY] = replace(stamp, schema=columns).to_json().encode()
     return table.replace_schema_metadata(metadata)
 
 

@@ -34,7 +34,12 @@ from tkg.core.policy import VOCABULARY_STAGES, vocabulary_fingerprint
 from tkg.core.results import Counted
 from tkg.core.roles import ROLE_START, parse_offices
 from tkg.extract.base import DocumentContext, split_sentences
-from tkg.extract.figures import FIGURE_RULES_VERSION, figure_parser, guidance_phrase, segments_fingerprint
+from tkg.extract.figures import (
+    FIGURE_RULES_VERSION,
+    figure_parser,
+    guidance_phrase,
+    segments_fingerprint,
+)
 from tkg.extract.periods import PeriodResolver, find_date
 from tkg.ingest.parsing import parse_participant_sections
 

@@ -20,7 +20,12 @@ from tkg.core.companies import get_company
 from tkg.core.ids import short_hash
 from tkg.core.models import Chunk, RawStatement, TemporalEvent, TemporalType, Transcript
 from tkg.core.results import StageJob, StageResult
-from tkg.extract.base import DocumentContext, apply_validity_rules, drop_dangling_triplets, statement_hash
+from tkg.extract.base import (
+    DocumentContext,
+    apply_validity_rules,
+    drop_dangling_triplets,
+    statement_hash,
+)
 from tkg.ingest.stages import transcript_from_record
 
 log = logging.getLogger(__name__)

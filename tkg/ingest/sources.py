@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tkg.core.companies import load_companies
-from tkg.core.partitions import EARLIEST_CALL, Partition, last_quarter, quarter_start, sort_key
+from tkg.core.partitions import (
+    EARLIEST_CALL,
+    Partition,
+    last_quarter,
+    quarter_start,
+    sort_key,
+)
 from tkg.core.paths import SAMPLE_DIR
 from tkg.ingest.parsing import SourceRow
 

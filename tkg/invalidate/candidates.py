@@ -23,9 +23,10 @@ How, in two vectorised steps:
    into one batch. Inside a batch events are in time order, so the candidates a chunk of
    incoming events can reach are a range (a sweep over time). Their cosines are one matrix
    product per chunk, reduced to the best cosine per (X, fact) and cut to X's top_k facts;
-   batches run on all cores. One integer sort then ranks these (X, fact) rows over all
-   blocks. Cutting per block first is exact: a fact among X's top k over all blocks is among
-   its top k in every block that holds it (all restatements of a fact share its blocks).
+   batches run on all cores. These rows are per block (so a block whose members did not
+   change keeps its rows); `select_ranked` cuts them over all blocks and shards in SQL.
+   Cutting per block first is exact: a fact among X's top k over all blocks is among its top
+   k in every block that holds it (all restatements of a fact share its blocks).
 2. Pair. For each selected (X, fact), the earliest qualifying restatement on each side is
    found by binary search over events in time order, and cosines are computed only for the
    pairs that could be kept (a failed cosine passes the turn to the next restatement).
@@ -46,10 +47,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from threadpoolctl import threadpool_limits
 
+from tkg.core import tables
 from tkg.core.arrays import run_starts
 from tkg.core.embeddings import embedding_matrix, normalise_rows
 
 ROW_CHUNK = 512  # incoming events per matrix product in a large block
+MAX_CELLS = 8 * 2**20  # cosines in one product (32 MB): a block of millions of events is swept in thinner chunks
 BATCH_ROWS = 256  # small blocks are packed into one product up to this many events
 EXPAND_CHUNK = 4096  # pairs whose cosines are computed at once (gathers that stay in cache)
 _NEVER = np.iinfo(np.int64).max
@@ -110,7 +113,11 @@ class _Facts:
         self.time_position[np.argsort(self.start, kind="stable")] = np.arange(len(self.start))
         self.dynamic = np.asarray(pc.equal(column("temporal_type"), "DYNAMIC").to_numpy(zero_copy_only=False), dtype=bool)
         # keys numbered in text order: rank ties break on the key text, whatever the input order
-        self.key = pl.Series(column("fact_key")).rank("dense").to_numpy().astype(np.int64) - 1
+        self.key_text = column("fact_key").combine_chunks()
+        self.key = pl.Series(self.key_text).rank("dense").to_numpy().astype(np.int64) - 1
+        # an event stating each key (key k's first event), to name a key by its text
+        self.first_of_key = np.zeros(int(self.key.max()) + 1 if len(self.key) else 0, dtype=np.int64)
+        self.first_of_key[self.key[::-1]] = np.arange(len(self.key))[::-1]
 
 
 def _sorting(*keys: tuple[np.ndarray, int]) -> np.ndarray:
@@ -174,8 +181,9 @@ def _batch_ranks(f: _Facts, members: np.ndarray, labels: np.ndarray, min_cosine:
         column_start = f.start[columns_all]
         # Columns grouped by fact (stable, so in time order inside a fact) for the per-fact best.
         by_fact = np.argsort(f.key[columns_all], kind="stable")
-        for offset in range(0, len(rows_all), ROW_CHUNK):
-            rows, row_labels = rows_all[offset : offset + ROW_CHUNK], row_labels_all[offset : offset + ROW_CHUNK]
+        step = max(1, min(ROW_CHUNK, MAX_CELLS // len(columns_all)))
+        for offset in range(0, len(rows_all), step):
+            rows, row_labels = rows_all[offset : offset + step], row_labels_all[offset : offset + step]
             xs, xe = f.start[rows][None, :], f.bound[rows][None, :]
             # rows and columns are in time order: the columns a chunk can reach are a range
             low = 0 if dynamic_type else np.searchsorted(column_start, xs.min(), side="left")
@@ -205,9 +213,8 @@ def _batch_ranks(f: _Facts, members: np.ndarray, labels: np.ndarray, min_cosine:
 
 
 def _ranked(f: _Facts, blocks: pl.DataFrame, min_cosine: float, top_k: int) -> dict[str, np.ndarray]:
-    """incoming, candidate_dynamic, key, block, predicate_group for each incoming event's
-    top_k facts per candidate type over all blocks (block and group: the smallest that hold
-    both the event and the fact)."""
+    """incoming, candidate_dynamic, key, cosine, block for each incoming event's top_k facts per
+    candidate type in each block (the cut over all blocks is `select_ranked`'s)."""
     sizes = blocks["idx"].list.len().to_numpy()
     members = blocks["idx"].explode().to_numpy().astype(np.int64)
     labels = np.repeat(np.arange(len(sizes)), sizes)
@@ -227,27 +234,10 @@ def _ranked(f: _Facts, blocks: pl.DataFrame, min_cosine: float, top_k: int) -> d
     if not parts:
         return {}
     incoming, key, cosine, dynamic, block = (np.concatenate(arrays) for arrays in zip(*parts))
-    group = blocks["predicate_group"].to_numpy()[block]
-    # one row per (incoming, type, fact): its best cosine, smallest block and group
     n, facts = len(f.key), int(f.key.max()) + 1
-    owner = incoming * 2 + dynamic
-    order = _sorting((owner, 2 * n), (key, facts))
-    owner, key, cosine, block, group = owner[order], key[order], cosine[order], block[order], group[order]
-    runs = run_starts(owner, key)
-    owner, key = owner[runs], key[runs]
-    cosine = np.maximum.reduceat(cosine, runs)
-    block, group = np.minimum.reduceat(block, runs), np.minimum.reduceat(group, runs)
-    # each owner's top_k facts by cosine, ties on the smaller key
-    # cosines are exact multiples of 2**-22 below 2 in magnitude (exact_vectors): as integers
-    # they sort exactly
-    descending = 2**23 - np.rint(cosine.astype(np.float64) * 2**22).astype(np.int64)
-    by_rank = _sorting((owner, 2 * n), (descending, 2**24 + 1), (key, facts))
-    starts = run_starts(owner[by_rank])
-    rank = np.arange(len(by_rank)) - np.repeat(starts, np.diff(np.r_[starts, len(by_rank)]))
-    chosen = np.zeros(len(owner), dtype=bool)
-    chosen[by_rank[rank < top_k]] = True
-    return {"incoming": owner[chosen] // 2, "candidate_dynamic": (owner[chosen] % 2).astype(bool),
-            "key": key[chosen], "block": block[chosen], "predicate_group": group[chosen]}
+    order = _sorting((block, len(sizes)), (incoming, n), (dynamic.astype(np.int64), 2), (key, facts))
+    return {"incoming": incoming[order], "candidate_dynamic": dynamic[order], "key": key[order],
+            "cosine": cosine[order], "block": block[order]}
 
 
 # --- 2. expand and orient, 3. reduce -----------------------------------------------------------
@@ -367,18 +357,25 @@ def _earliest_pairs(f: _Facts, selected: dict[str, np.ndarray], min_cosine: floa
             "block": block[keep][final], "predicate_group": group[keep][final]}
 
 
-def select_candidates(facts: pa.Table, links: pa.Table, min_cosine: float = 0.5, top_k: int = 10) -> pa.Table:
-    """Judge pairs (primary, secondary) with their cosine, a shared entity and its group.
+# --- the phases, on tables ---------------------------------------------------------------------
+# Candidate selection runs in three phases, so that its two heavy ones can run per shard of the
+# blocks (tkg.invalidate.stages) and only their small outputs meet:
+# 1. `rank_candidates`: in some blocks, each incoming event's top_k facts per candidate type;
+# 2. `select_ranked`: over the ranks of every shard, each incoming event's top_k facts overall,
+#    with the smallest block that holds the event and the fact (the shard that pairs them);
+# 3. `pair_candidates`: in that block's shard, the earliest restatements that make the pairs.
+# Cutting to top_k per shard is exact: a fact's best cosine with an event is the same in every
+# block that holds both, so a fact among the event's top_k overall is among its top_k in any
+# shard that holds it. Pairing is local: all restatements of a fact share its blocks, so the
+# smallest common block of an event's fact and a selected fact holds every event the pairing
+# of the two facts reads.
 
-    `facts`: event_id, temporal_type, valid_at, invalid_at, embedding, fact_key (FACT,
-    non-ATEMPORAL). `links`: event_id, canonical_id, predicate_group per triplet endpoint.
-    The primary is the older event (DYNAMIC), the secondary the newer one that might retire
-    it; per primary and fact of the secondary, only the earliest secondary is kept.
-    """
-    if facts.num_rows == 0 or links.num_rows == 0:
-        return PAIRS_SCHEMA.empty_table()
-    f = _Facts(facts)
-    blocks = (
+RANKS_SCHEMA = tables.CANDIDATE_RANKS
+
+
+def _blocks(f: _Facts, links: pa.Table) -> pl.DataFrame:
+    """The blocks (canonical entity, predicate group) of two or more facts, in (entity, group) order."""
+    return (
         pl.from_arrow(links).select(["event_id", "canonical_id", "predicate_group"])
         .join(pl.DataFrame({"event_id": pl.Series(f.ids), "idx": np.arange(len(f.ids), dtype=np.int64)}), on="event_id")
         .unique(["idx", "canonical_id", "predicate_group"])
@@ -386,15 +383,95 @@ def select_candidates(facts: pa.Table, links: pa.Table, min_cosine: float = 0.5,
         .filter(pl.col("idx").list.len() > 1)
         .sort(["canonical_id", "predicate_group"])
     )
-    selected = _ranked(f, blocks, min_cosine, top_k)
-    if not selected:
+
+
+def rank_candidates(facts: pa.Table, links: pa.Table, min_cosine: float = 0.5, top_k: int = 10) -> pa.Table:
+    """Phase 1, over the blocks `links` make of `facts` (all of them, one shard's, or some
+    blocks'): in each block, each incoming event's top_k facts per candidate type with their
+    best cosine in the block. A block's rows depend on its members alone.
+
+    `facts`: event_id, temporal_type, valid_at, invalid_at, embedding, fact_key (FACT,
+    non-ATEMPORAL). `links`: event_id, canonical_id, predicate_group per triplet endpoint."""
+    if facts.num_rows == 0 or links.num_rows == 0:
+        return RANKS_SCHEMA.empty_table()
+    f = _Facts(facts)
+    blocks = _blocks(f, links)
+    ranked = _ranked(f, blocks, min_cosine, top_k)
+    if not ranked:
+        return RANKS_SCHEMA.empty_table()
+    return pa.table({
+        "incoming_event_id": pc.take(f.ids, ranked["incoming"]).cast(pa.string()),
+        "candidate_dynamic": pa.array(ranked["candidate_dynamic"], pa.bool_()),
+        "fact_key": pc.take(f.key_text, f.first_of_key[ranked["key"]]).cast(pa.string()),
+        "cosine": pa.array(ranked["cosine"], pa.float32()),
+        "block_entity": pc.take(blocks["canonical_id"].to_arrow(), ranked["block"]).cast(pa.string()),
+        "block_group": pc.take(blocks["predicate_group"].to_arrow(), ranked["block"]).cast(pa.int8()),
+        "predicate_group": pc.take(blocks["predicate_group"].to_arrow(), ranked["block"]).cast(pa.int8()),
+    }, schema=RANKS_SCHEMA)
+
+
+SELECT_RANKED_SQL = """
+    WITH best AS (
+        SELECT incoming_event_id, candidate_dynamic, fact_key, max(cosine) AS cosine,
+               min({'e': block_entity, 'g': block_group}) AS block, min(predicate_group) AS predicate_group
+        FROM {ranks} GROUP BY incoming_event_id, candidate_dynamic, fact_key
+    )
+    SELECT incoming_event_id, candidate_dynamic, fact_key, cosine, block.e AS block_entity, block.g AS block_group,
+           predicate_group
+    FROM best
+    QUALIFY row_number() OVER (PARTITION BY incoming_event_id, candidate_dynamic ORDER BY cosine DESC, fact_key) <= $top_k
+    ORDER BY incoming_event_id, candidate_dynamic, fact_key"""
+
+
+def select_ranked(connection, ranks: str, top_k: int = 10):
+    """Phase 2: the ranks of every shard (the relation or view named `ranks` on `connection`)
+    cut to each incoming event's top_k facts per candidate type overall, ties on the fact key;
+    each fact with its best cosine, its smallest block (the shard that pairs it) and smallest
+    group. A DuckDB relation: it runs out of core."""
+    return connection.sql(SELECT_RANKED_SQL.replace("{ranks}", ranks), params={"top_k": top_k})
+
+
+def pair_candidates(facts: pa.Table, selected: pa.Table, min_cosine: float = 0.5) -> pa.Table:
+    """Phase 3: judge pairs (primary, secondary) with their cosine, a shared entity and its group,
+    from the selected (incoming event, fact) rows. `facts` must hold every restatement of the
+    facts involved (a shard's facts hold them for the rows whose smallest block is theirs).
+    The primary is the older event (DYNAMIC), the secondary the newer one that might retire
+    it; per primary and fact of the secondary, only the earliest secondary is kept."""
+    if facts.num_rows == 0 or selected.num_rows == 0:
         return PAIRS_SCHEMA.empty_table()
-    pairs = _earliest_pairs(f, selected, min_cosine)
-    block_entities = blocks["canonical_id"].to_arrow()
+    f = _Facts(facts)
+    incoming = pc.index_in(selected.column("incoming_event_id"), value_set=f.ids)
+    key_names = pc.take(f.key_text, f.first_of_key)  # key k's text at position k
+    keys = pc.index_in(selected.column("fact_key"), value_set=key_names)
+    if incoming.null_count or keys.null_count:
+        raise ValueError("selected rows name events or facts the shard's facts do not hold")
+    block_order = pl.from_arrow(selected.select(["block_entity", "block_group"])).unique().sort(["block_entity", "block_group"])
+    block_number = (pl.from_arrow(selected.select(["block_entity", "block_group"]))
+                    .join(block_order.with_row_index("number"), on=["block_entity", "block_group"], how="left",
+                          maintain_order="left")["number"])
+    chosen = {
+        "incoming": incoming.to_numpy().astype(np.int64),
+        "candidate_dynamic": np.asarray(selected.column("candidate_dynamic").to_numpy(zero_copy_only=False), dtype=bool),
+        "key": keys.to_numpy().astype(np.int64),
+        "block": block_number.to_numpy().astype(np.int64),
+        "predicate_group": np.asarray(selected.column("predicate_group").to_numpy(zero_copy_only=False), dtype=np.int64),
+    }
+    pairs = _earliest_pairs(f, chosen, min_cosine)
     return pa.table({
         "primary_event_id": pc.take(f.ids, pairs["primary"]).cast(pa.string()),
         "secondary_event_id": pc.take(f.ids, pairs["secondary"]).cast(pa.string()),
         "cosine": pa.array(pairs["cosine"], pa.float32()),
-        "shared_entity_id": pc.take(block_entities, pairs["block"]).cast(pa.string()),
+        "shared_entity_id": pc.take(block_order["block_entity"].to_arrow(), pairs["block"]).cast(pa.string()),
         "predicate_group": pa.array(pairs["predicate_group"], pa.int8()),
     }, schema=PAIRS_SCHEMA)
+
+
+def select_candidates(facts: pa.Table, links: pa.Table, min_cosine: float = 0.5, top_k: int = 10) -> pa.Table:
+    """The three phases on one set of facts: every judge pair, as `pair_candidates` describes."""
+    import duckdb
+
+    ranks = rank_candidates(facts, links, min_cosine, top_k)
+    with duckdb.connect() as connection:
+        connection.register("ranks", ranks)
+        selected = select_ranked(connection, "ranks", top_k).to_arrow_table().cast(RANKS_SCHEMA)
+    return pair_candidates(facts, selected, min_cosine)

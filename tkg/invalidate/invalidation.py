@@ -1,16 +1,22 @@
 """Invalidation: newer facts retire older DYNAMIC facts they contradict (REFERENCE 1.8).
 
-The whole history is recomputed from all events at once, so the outcome is a function of the
-set of events and never of the order partitions were materialised in: a backfill of 2019
-before 2016, or a missed call added last, gives the same `invalid_at`, `invalidated_by` and
-`expired_at`, and removing an event re-opens whatever only it had retired. Verdicts are cached
-(the LLM judge) or cheap (the rule judge), so the recompute does not repay for old pairs.
+The whole history is a function of the set of events and never of the order partitions were
+materialised in: a backfill of 2019 before 2016, or a missed call added last, gives the same
+`invalid_at`, `invalidated_by` and `expired_at`, and removing an event re-opens whatever only
+it had retired. Verdicts are cached (the LLM judge) or cheap (the rule judge), so recomputing
+does not repay for old pairs.
 
-Candidate selection (`tkg.invalidate.candidates`) blocks events by shared canonical entity and predicate
-group, sweeps each block in time and scores cosines as matrix products; of a fact restated
-every quarter, a primary event is paired with the earliest restatement only (the only one
-that can win). Then one judge request per primary event covers all its candidates (1:N).
-When several events retire the same one, the earliest wins.
+It runs in phases, so that the heavy ones can run per shard of the blocks (one process each,
+tkg.invalidate.stages) and the in-memory path (`invalidate`, for tests and small graphs) is the
+same phases run once:
+1. the facts (FACT, non-ATEMPORAL events with triplets, each with the key of the fact it
+   states) and their links to canonical entities, by predicate group: the blocks;
+2. candidate selection (tkg.invalidate.candidates: rank per shard, select over all shards,
+   pair per shard);
+3. `judge_pairs`: one judge request per primary event covers all its candidates (1:N), and
+   each primary's earliest retirer is kept;
+4. `retirements`: each event's earliest retirement over every shard, and by the revision of
+   all the figures it states (tkg.invalidate.revisions).
 """
 
 from __future__ import annotations
@@ -24,11 +30,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tkg.core import policy, tables
+from tkg.core.arrays import run_starts
 from tkg.core.paths import read_sql
 from tkg.invalidate.candidates import select_candidates
 from tkg.invalidate.judges import EventView, Judge, JudgeCase, TripletView
 from tkg.invalidate.revisions import revise_figures
 from tkg.store.warehouse import apply_model, model, register_raw
+
+WINNERS = tables.RETIREMENTS  # each primary's earliest retirer in one shard; all shards' meet in `retirements`
 
 
 @dataclass
@@ -48,6 +57,136 @@ def canonical_triplets(triplets: pa.Table, mapping: pa.Table, canonical: pa.Tabl
         return connection.sql("SELECT * FROM triplets ORDER BY triplet_id").to_arrow_table()
 
 
+def fact_events_sql() -> str:
+    """The query of the facts (sql/pipeline/fact_events.sql) over views `events` and
+    `resolved_triplets`; its two parameters are the policy's statement types and the temporal
+    types never retired."""
+    return read_sql("pipeline/fact_events.sql")
+
+
+def fact_event_parameters() -> list:
+    return [list(policy.POLICY.statement_types), list(policy.POLICY.never)]
+
+
+# Each fact's canonical entities (subject and object of its triplets) under the predicate group
+# of the triplet: the blocks it belongs to.
+LINKS_SQL = """
+    SELECT DISTINCT event_id, canonical_id, predicate_group FROM (
+        SELECT t.event_id, t.subject_id AS canonical_id, g.predicate_group
+        FROM resolved_triplets t JOIN predicate_groups g USING (predicate)
+        UNION ALL
+        SELECT t.event_id, t.object_id AS canonical_id, g.predicate_group
+        FROM resolved_triplets t JOIN predicate_groups g USING (predicate))
+    WHERE canonical_id IS NOT NULL AND event_id IN (SELECT event_id FROM facts)"""
+
+
+def register_predicate_groups(connection: duckdb.DuckDBPyConnection) -> None:
+    """The policy's predicate groups as table `predicate_groups` (predicate, predicate_group)."""
+    groups = policy.POLICY.group_of
+    connection.register("predicate_groups", pa.table({
+        "predicate": pa.array([p.value for p in groups], pa.string()),
+        "predicate_group": pa.array(list(groups.values()), pa.int8())}))
+
+
+def facts_and_links(events: pa.Table, resolved_triplets: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Phase 1 in memory: the facts and their links (event_id, canonical_id, predicate_group)."""
+    with duckdb.connect() as connection:
+        connection.register("events", events)
+        connection.register("resolved_triplets", resolved_triplets)
+        register_predicate_groups(connection)
+        facts = connection.sql(fact_events_sql(), params=fact_event_parameters()).to_arrow_table()
+        connection.register("facts", facts)
+        links = connection.sql(LINKS_SQL + " ORDER BY ALL").to_arrow_table()
+    return facts, links
+
+
+# Primaries judged at once: their pairs and what the judge sees of their events are Python
+# objects, so a shard of millions of pairs is judged a slice at a time in bounded memory.
+JUDGE_SLICE = 20_000
+
+
+def judge_pairs(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, judge: Judge) -> tuple[pa.Table, pa.Table, Counter]:
+    """Phase 3: the judge's verdict on every pair (one request per primary event for all its
+    candidates), and each primary's earliest retirer among the pairs it said retire it.
+    Returns (judgments, winners, counts)."""
+    counts: Counter = Counter(candidate_pairs=pairs.num_rows)
+    if pairs.num_rows == 0:
+        return tables.INVALIDATION_JUDGMENTS.empty_table(), WINNERS.empty_table(), counts
+    pairs = pairs.sort_by([("primary_event_id", "ascending")])
+    primary_ids = pairs.column("primary_event_id")
+    starts = run_starts(pc.dictionary_encode(primary_ids).combine_chunks().indices.to_numpy(zero_copy_only=False))
+    bounds = [*starts[::JUDGE_SLICE].tolist(), pairs.num_rows]
+    judged, winners = [], {}
+    for low, high in zip(bounds[:-1], bounds[1:]):
+        judgments = _judge_slice(pairs.slice(low, high - low), facts, resolved_triplets, judge, winners, counts)
+        judged.append(tables.to_table(judgments, tables.INVALIDATION_JUDGMENTS))
+    counts["true_verdicts"] += 0  # counted even when none
+    winner_rows = [{"event_id": p, "invalid_at": s.valid_at, "invalidated_by": s.event_id} for p, s in sorted(winners.items())]
+    return pa.concat_tables(judged), tables.to_table(winner_rows, WINNERS), counts
+
+
+def _judge_slice(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, judge: Judge,
+                 winners: dict[str, EventView], counts: Counter) -> list[dict]:
+    """Judge the pairs of some primaries (`pairs` holds every pair of each); update `winners`
+    (each primary's earliest retirer) and `counts`; the judgment rows."""
+    involved = set(pairs.column("primary_event_id").to_pylist()) | set(pairs.column("secondary_event_id").to_pylist())
+    views = _event_views(facts, resolved_triplets, involved)
+    by_primary: dict[str, list[dict]] = defaultdict(list)
+    for pair in pairs.to_pylist():
+        by_primary[pair["primary_event_id"]].append(pair)
+    primaries = sorted(by_primary)
+    cases = [JudgeCase(views[p], tuple(views[c["secondary_event_id"]] for c in by_primary[p])) for p in primaries]
+    verdicts = judge.judge(cases)
+    judgments = []
+    for primary_id, case_verdicts in zip(primaries, verdicts):
+        for pair, verdict in zip(by_primary[primary_id], case_verdicts):
+            secondary = views[pair["secondary_event_id"]]
+            judgments.append({**pair, "invalidates": verdict.invalidates, "reason": verdict.reason, "judge": judge.name})
+            if not verdict.invalidates:
+                continue
+            counts["true_verdicts"] += 1
+            best = winners.get(primary_id)
+            if best is None or (secondary.valid_at, secondary.event_id) < (best.valid_at, best.event_id):
+                winners[primary_id] = secondary
+        counts["judged_pairs"] += len(case_verdicts)
+    return judgments
+
+
+def retirements(winners: pa.Table, retired_by_figures: dict[str, tuple[datetime, str]],
+                timing: dict[str, dict]) -> pa.Table:
+    """Phase 4: each event's earliest retirement, by a judged contradiction (the `winners` of
+    every shard) or by the revision of every figure it states; `timing` holds each involved
+    event's invalid_at and created_at. A finished event's end only ever moves earlier."""
+    ends: dict[str, tuple[datetime, str]] = {}
+    for row in winners.to_pylist():
+        retirement = (row["invalid_at"], row["invalidated_by"])
+        if row["event_id"] not in ends or retirement < ends[row["event_id"]]:
+            ends[row["event_id"]] = retirement
+    for event_id, retirement in retired_by_figures.items():
+        if event_id not in ends or retirement < ends[event_id]:
+            ends[event_id] = retirement
+    invalidations = []
+    for event_id, (invalid_at, invalidated_by) in sorted(ends.items()):
+        primary, secondary = timing[event_id], timing[invalidated_by]
+        if primary["invalid_at"] is not None and invalid_at >= primary["invalid_at"]:
+            continue
+        invalidations.append({
+            "event_id": event_id, "invalid_at": invalid_at,
+            # Transaction time: the record is retired when the retiring statement was published.
+            "expired_at": max(primary["created_at"], secondary["created_at"]),
+            "invalidated_by": invalidated_by,
+        })
+    return tables.to_table(invalidations, tables.EVENT_INVALIDATIONS)
+
+
+def involved_events(winners: pa.Table, retired_by_figures: dict[str, tuple[datetime, str]]) -> list[str]:
+    """The events `retirements` needs the timing of."""
+    found = set(winners.column("event_id").to_pylist()) | set(winners.column("invalidated_by").to_pylist())
+    for event_id, (_, retirer) in retired_by_figures.items():
+        found.update((event_id, retirer))
+    return sorted(found)
+
+
 def invalidate(
     events: pa.Table,
     resolved_triplets: pa.Table,
@@ -56,103 +195,45 @@ def invalidate(
     min_cosine: float | None = None,
     top_k: int | None = None,
 ) -> InvalidationResult:
-    """Judge every candidate pair and retire what the judge says is contradicted; revise
-    guidance figures (tkg.invalidate.revisions) and retire statements whose figures were all revised.
+    """All the phases in memory, as one shard: judge every candidate pair and retire what the
+    judge says is contradicted; revise guidance figures (tkg.invalidate.revisions) and retire
+    statements whose figures were all revised.
 
     `events` are all temporal events; `resolved_triplets` come from `canonical_triplets`.
     """
-    counts: Counter = Counter()
-    facts = _fact_events(events, resolved_triplets)
-    links = _links(resolved_triplets, facts)
     rules = policy.POLICY
+    facts, links = facts_and_links(events, resolved_triplets)
     pairs = select_candidates(facts, links, rules.min_cosine if min_cosine is None else min_cosine,
                               rules.top_k if top_k is None else top_k)
+    judgments, winners, counts = judge_pairs(pairs, facts, resolved_triplets, judge)
     counts["fact_events"] = facts.num_rows
-    counts["candidate_pairs"] = pairs.num_rows
-
-    views = _event_views(facts, resolved_triplets)
-    by_primary: dict[str, list[dict]] = defaultdict(list)
-    for pair in pairs.to_pylist():
-        by_primary[pair["primary_event_id"]].append(pair)
-    primaries = sorted(by_primary)
-    cases = [JudgeCase(views[p], tuple(views[c["secondary_event_id"]] for c in by_primary[p])) for p in primaries]
-    verdicts = judge.judge(cases) if cases else []
-
-    judgments, winners = [], {}
-    for primary_id, case_verdicts in zip(primaries, verdicts):
-        primary = views[primary_id]
-        for pair, verdict in zip(by_primary[primary_id], case_verdicts):
-            secondary = views[pair["secondary_event_id"]]
-            judgments.append({**pair, "invalidates": verdict.invalidates, "reason": verdict.reason, "judge": judge.name})
-            if not verdict.invalidates:
-                continue
-            best = winners.get(primary_id)
-            if best is None or (secondary.valid_at, secondary.event_id) < (best.valid_at, best.event_id):
-                winners[primary_id] = secondary
-        counts["judged_pairs"] += len(case_verdicts)
-
-    # Each event's earliest retirement: by a judged contradiction, or by the revision of every figure it states.
-    ends: dict[str, tuple[datetime, str]] = {p: (s.valid_at, s.event_id) for p, s in winners.items()}
     revisions = revise_figures(figures if figures is not None else tables.FIGURES.empty_table())
-    for event_id, retirement in revisions.retired_events.items():
-        if event_id not in ends or retirement < ends[event_id]:
-            ends[event_id] = retirement
-    judgments.extend(revisions.judgments)
-    involved = pa.array(sorted(set(ends) | {retirer for _, retirer in ends.values()}), pa.string())
+    wanted = pa.array(involved_events(winners, revisions.retired_events), pa.string())
     timing = {row["event_id"]: row for row in events.select(["event_id", "invalid_at", "created_at"])
-              .filter(pc.is_in(events.column("event_id"), value_set=involved)).to_pylist()}
-    invalidations = []
-    for event_id, (invalid_at, invalidated_by) in sorted(ends.items()):
-        primary, secondary = timing[event_id], timing[invalidated_by]
-        if primary["invalid_at"] is not None and invalid_at >= primary["invalid_at"]:
-            continue  # a finished event's end only ever moves earlier
-        invalidations.append({
-            "event_id": event_id, "invalid_at": invalid_at,
-            # Transaction time: the record is retired when the retiring statement was published.
-            "expired_at": max(primary["created_at"], secondary["created_at"]),
-            "invalidated_by": invalidated_by,
-        })
-    counts["invalidated_events"] = len(invalidations)
-    counts["true_verdicts"] = sum(1 for j in judgments if j["invalidates"] and j["judge"] == judge.name)
+              .filter(pc.is_in(events.column("event_id"), value_set=wanted)).to_pylist()}
+    invalidations = retirements(winners, revisions.retired_events, timing)
+    counts["invalidated_events"] = invalidations.num_rows
     counts["revised_figures"] = revisions.figure_invalidations.num_rows
     counts["events_retired_by_figures"] = len(revisions.retired_events)
     return InvalidationResult(
-        event_invalidations=tables.to_table(invalidations, tables.EVENT_INVALIDATIONS),
-        judgments=tables.to_table(judgments, tables.INVALIDATION_JUDGMENTS),
+        event_invalidations=invalidations,
+        judgments=pa.concat_tables([judgments, tables.to_table(revisions.judgments, tables.INVALIDATION_JUDGMENTS)]),
         counts=counts,
         figure_invalidations=revisions.figure_invalidations,
     )
 
 
-def _fact_events(events: pa.Table, resolved_triplets: pa.Table) -> pa.Table:
-    """FACT, non-ATEMPORAL events that have triplets, each with a key naming the fact it states."""
-    with duckdb.connect() as connection:
-        connection.register("events", events)
-        connection.register("resolved_triplets", resolved_triplets)
-        return connection.sql(read_sql("pipeline/fact_events.sql"),
-                              params=[list(policy.POLICY.statement_types), list(policy.POLICY.never)]).to_arrow_table()
-
-
-def _links(resolved_triplets: pa.Table, facts: pa.Table) -> pa.Table:
-    groups = {p.value: g for p, g in policy.POLICY.group_of.items()}
-    fact_ids = set(facts.column("event_id").to_pylist())
-    rows = []
-    for row in resolved_triplets.select(["event_id", "subject_id", "object_id", "predicate"]).to_pylist():
-        if row["event_id"] not in fact_ids or row["predicate"] not in groups:
-            continue
-        for canonical_id in {row["subject_id"], row["object_id"]} - {None}:
-            rows.append({"event_id": row["event_id"], "canonical_id": canonical_id, "predicate_group": groups[row["predicate"]]})
-    schema = pa.schema([("event_id", pa.string()), ("canonical_id", pa.string()), ("predicate_group", pa.int8())])
-    return tables.to_table(rows, schema)
-
-
-def _event_views(facts: pa.Table, resolved_triplets: pa.Table) -> dict[str, EventView]:
+def _event_views(facts: pa.Table, resolved_triplets: pa.Table, wanted: set[str]) -> dict[str, EventView]:
+    """What the judge sees of the `wanted` events: statement, labels, validity and canonical triplets."""
+    chosen = pa.array(sorted(wanted), pa.string())
     triplets_by_event: dict[str, list[TripletView]] = defaultdict(list)
-    for row in resolved_triplets.to_pylist():
+    picked = resolved_triplets.filter(pc.is_in(resolved_triplets.column("event_id"), value_set=chosen))
+    for row in picked.select(["event_id", "subject", "subject_id", "predicate", "object", "object_id", "value"]).to_pylist():
         triplets_by_event[row["event_id"]].append(TripletView(
             subject=row["subject"], subject_id=row["subject_id"], predicate=row["predicate"],
             object=row["object"], object_id=row["object_id"], value=row["value"]))
     views = {}
-    for row in facts.select(["event_id", "statement", "statement_type", "temporal_type", "valid_at", "invalid_at", "created_at"]).to_pylist():
+    rows = facts.filter(pc.is_in(facts.column("event_id"), value_set=chosen))
+    for row in rows.select(["event_id", "statement", "statement_type", "temporal_type", "valid_at", "invalid_at", "created_at"]).to_pylist():
         views[row["event_id"]] = EventView(**row, triplets=tuple(triplets_by_event.get(row["event_id"], ())))
     return views

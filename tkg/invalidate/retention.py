@@ -28,7 +28,6 @@ import duckdb
 import pyarrow as pa
 import yaml
 
-from tkg.core import tables
 from tkg.core.paths import CONFIG_DIR
 
 # Bump when the scoring changes (the settings file is part of the code version too).
@@ -65,36 +64,37 @@ def retention_settings(path: str | Path | None = None) -> RetentionSettings:
                                 "ttl_days": {**defaults.ttl_days, **(document.get("ttl_days") or {})}})
 
 
-def score_facts(events: pa.Table, settings: RetentionSettings) -> pa.Table:
-    """One row per event: its relevance, restatements, last statement, and whether (and why) it
-    is archived."""
-    with duckdb.connect() as connection:
-        connection.register("events", events.select(["event_id", "statement_hash", "statement_type", "created_at"]))
-        connection.register("trust", pa.table({"statement_type": list(settings.trust), "trust": list(settings.trust.values())}))
-        connection.register("ttl", pa.table({"statement_type": list(settings.ttl_days),
-                                             "ttl_days": pa.array(list(settings.ttl_days.values()), pa.int64())}))
-        return connection.sql(
-            """
-            WITH stated AS (
-                SELECT statement_hash, count(*) AS restatements, max(created_at) AS last_stated_at
-                FROM events GROUP BY statement_hash
-            ), scored AS (
-                SELECT e.event_id, s.restatements, s.last_stated_at,
-                       date_diff('day', s.last_stated_at, (SELECT max(created_at) FROM events)) AS age_days,
-                       date_diff('day', e.created_at, (SELECT max(created_at) FROM events)) AS own_age_days,
-                       coalesce(t.trust, 0.5) AS trust, l.ttl_days
-                FROM events e JOIN stated s USING (statement_hash)
-                LEFT JOIN trust t USING (statement_type) LEFT JOIN ttl l USING (statement_type)
-            )
-            SELECT event_id,
-                   pow(0.5, age_days / ?) * trust * (1 + ln(restatements)) AS relevance,
-                   restatements, last_stated_at, age_days,
-                   CASE WHEN NOT ? THEN NULL
-                        WHEN ttl_days IS NOT NULL AND own_age_days > ttl_days THEN 'older than its ' || ttl_days || '-day time-to-live'
-                        WHEN pow(0.5, age_days / ?) * trust * (1 + ln(restatements)) < ? THEN 'relevance below ' || ?
-                   END AS archive_reason
-            FROM scored ORDER BY event_id
-            """,
-            params=[settings.half_life_days, settings.enabled, settings.half_life_days, settings.min_relevance,
-                    settings.min_relevance],
-        ).to_arrow_table().cast(tables.FACT_RELEVANCE)
+def score_facts(connection: duckdb.DuckDBPyConnection, events: str, settings: RetentionSettings) -> duckdb.DuckDBPyRelation:
+    """One row per event of the view `events` (event_id, statement_hash, statement_type,
+    created_at): its relevance, restatements, last statement, and whether (and why) it is
+    archived. A DuckDB relation: it runs out of core."""
+    connection.register("retention_trust", pa.table({"statement_type": list(settings.trust),
+                                                     "trust": list(settings.trust.values())}))
+    connection.register("retention_ttl", pa.table({"statement_type": list(settings.ttl_days),
+                                                   "ttl_days": pa.array(list(settings.ttl_days.values()), pa.int64())}))
+    return connection.sql(
+        f"""
+        WITH latest AS (SELECT max(created_at) AS now FROM {events}),
+        stated AS (
+            SELECT statement_hash, count(*) AS restatements, max(created_at) AS last_stated_at
+            FROM {events} GROUP BY statement_hash
+        ), scored AS (
+            SELECT e.event_id, s.restatements, s.last_stated_at,
+                   date_diff('day', s.last_stated_at, (SELECT now FROM latest)) AS age_days,
+                   date_diff('day', e.created_at, (SELECT now FROM latest)) AS own_age_days,
+                   coalesce(t.trust, 0.5) AS trust, l.ttl_days
+            FROM {events} e JOIN stated s USING (statement_hash)
+            LEFT JOIN retention_trust t USING (statement_type) LEFT JOIN retention_ttl l USING (statement_type)
+        )
+        SELECT event_id,
+               pow(0.5, age_days / $half_life) * trust * (1 + ln(restatements)) AS relevance,
+               restatements, last_stated_at, age_days,
+               CASE WHEN NOT $enabled THEN NULL
+                    WHEN ttl_days IS NOT NULL AND own_age_days > ttl_days THEN 'older than its ' || ttl_days || '-day time-to-live'
+                    WHEN pow(0.5, age_days / $half_life) * trust * (1 + ln(restatements)) < $min_relevance
+                        THEN 'relevance below ' || $min_relevance
+               END AS archive_reason
+        FROM scored ORDER BY event_id
+        """,
+        params={"half_life": settings.half_life_days, "enabled": settings.enabled, "min_relevance": settings.min_relevance},
+    )

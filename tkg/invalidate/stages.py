@@ -1,31 +1,262 @@
-"""The global stages of invalidation and retention: which facts later facts retired (with the
-guidance revisions of financial figures), and each fact's relevance."""
+"""The global half of invalidation and retention, as stages that scale past one process.
+
+Comparisons happen inside blocks: the facts that share a canonical entity under a predicate
+group. The blocks are split into shards by a stable hash of the block, and each heavy step runs
+once per shard, on that shard's rows alone (one process, its memory bounded by its shard):
+
+    fact_blocks (global)        the facts, their blocks and shards; each shard's facts, block
+                                members and canonical triplets written in a folder of its own
+    candidate_ranks (shard)     rank: each incoming fact's best candidate facts in the shard
+    candidate_selection (global) select: each incoming fact's top k over every shard, sent to
+                                the shard of the smallest block holding both (the exact merge of
+                                an event whose blocks span shards)
+    judged_pairs (shard)        pair and judge: each primary's earliest retirer in the shard
+    invalidated_events (global) retire: the earliest retirer over every shard (the exact merge
+                                of a primary judged in several shards), and figure revisions
+
+Set work (joins, blocking, the merges) runs as DuckDB SQL that spills to disk past the step's
+memory (TKG_STEP_MEMORY); embeddings are read only by the shard steps, for their shard. An
+entity merge or split in resolution moves facts between blocks, and so between shards:
+`fact_blocks` recomputes every block from the current canonical ids, so a moved fact is
+compared in its new blocks and nowhere else. Results never depend on the number of shards.
+"""
 
 from __future__ import annotations
 
-from tkg.core import tables
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tkg.core import policy, tables
 from tkg.core.results import StageJob, StageResult
-from tkg.invalidate.invalidation import canonical_triplets, invalidate
+from tkg.invalidate.candidates import pair_candidates, rank_candidates, select_ranked
+from tkg.invalidate.invalidation import (
+    LINKS_SQL,
+    fact_event_parameters,
+    fact_events_sql,
+    involved_events,
+    judge_pairs,
+    register_predicate_groups,
+    retirements,
+)
 from tkg.invalidate.retention import retention_settings, score_facts
+from tkg.invalidate.revisions import FigureRevisions, revise_figures
+from tkg.store.manifest import scan
+from tkg.store.warehouse import apply_model, model
+
+# Bump when the phases change how they split, rank, select or pair.
+INVALIDATION_VERSION = "sharded-invalidation-2"
+
+
+def shard_sql(key_sql: str, shards: int) -> str:
+    """A DuckDB expression: the shard ('00', '01', ...) of a key, a stable hash (md5) of its text."""
+    width = max(2, len(str(shards - 1)))
+    return f"lpad(CAST((('0x' || left(md5({key_sql}), 8))::UBIGINT % {shards}) AS VARCHAR), {width}, '0')"
+
+
+def _partition_view(job: StageJob, name: str, asset: str, schema: pa.Schema) -> None:
+    """View `name` over every partition of `asset` (empty, with `schema`, before there is one)."""
+    files = job.store.partition_files(asset)
+    relation = scan(job.store, job.connection, files) if files else job.connection.from_arrow(schema.empty_table())
+    relation.create_view(name, replace=True)
+
+
+def _raw_view(job: StageJob, name: str, schema: pa.Schema, files: list) -> None:
+    """`raw.<name>` over the files of a stage, or empty with `schema` when it has none."""
+    job.connection.execute("CREATE SCHEMA IF NOT EXISTS raw")
+    relation = scan(job.store, job.connection, files) if files else job.connection.from_arrow(schema.empty_table())
+    relation.create_view(f"_raw_{name}", replace=True)
+    job.connection.execute(f"CREATE OR REPLACE VIEW raw.{name} AS SELECT * FROM _raw_{name}")
+
+
+def fact_blocks(job: StageJob) -> StageResult:
+    """The facts and their blocks, split by shard (see the module docstring)."""
+    store, connection, shards = job.store, job.connection, job.shards
+    _raw_view(job, "triplets", tables.TRIPLETS, store.partition_files("triplets"))
+    _raw_view(job, "entity_resolution", tables.ENTITY_RESOLUTION,
+              [store.global_path("canonical_entities", "entity_resolution")])
+    _raw_view(job, "canonical_entities", tables.CANONICAL_ENTITIES,
+              [store.global_path("canonical_entities")])
+    apply_model(connection, model("triplets"), record=False)  # the view `triplets`, canonical ids and names
+    # resolved once: the facts' keys, their links and the split all read it
+    connection.execute(f"CREATE TEMP TABLE resolved_triplets AS SELECT {', '.join(tables.RESOLVED_TRIPLETS.names)} FROM triplets")
+    _partition_view(job, "events", "temporal_events", tables.EVENTS)
+    register_predicate_groups(connection)
+    # the facts without their text and vectors (the bulk of their bytes), which only the split reads
+    connection.execute(f"CREATE TEMP TABLE facts AS SELECT * EXCLUDE (statement, embedding) FROM ({fact_events_sql()})",
+                       fact_event_parameters())
+    connection.execute(f"CREATE TEMP TABLE links AS {LINKS_SQL}")
+    connection.execute(f"""
+        CREATE TEMP TABLE members AS
+        WITH blocks AS (
+            SELECT canonical_id, predicate_group FROM links GROUP BY ALL HAVING count(DISTINCT event_id) > 1)
+        SELECT l.canonical_id, l.predicate_group, l.event_id,
+               {shard_sql("l.canonical_id || '|' || l.predicate_group", shards)} AS shard
+        FROM links l JOIN blocks USING (canonical_id, predicate_group)""")
+    connection.execute("CREATE TEMP TABLE fact_shards AS SELECT DISTINCT event_id, shard FROM members")
+    splits = {
+        "facts": connection.sql(f"""SELECT {', '.join(('e.' if name in ('statement', 'embedding') else 'f.') + name
+                                                       for name in tables.FACTS.names)}, s.shard
+                                    FROM facts f JOIN fact_shards s USING (event_id) JOIN events e USING (event_id)"""),
+        "members": connection.sql(f"SELECT {', '.join(tables.BLOCK_MEMBERS.names)}, shard FROM members"),
+        "triplets": connection.sql(f"""SELECT {', '.join('t.' + name for name in tables.RESOLVED_TRIPLETS.names)}, s.shard
+                                        FROM resolved_triplets t JOIN fact_shards s USING (event_id)"""),
+    }
+    summary = connection.sql("""
+        SELECT shard::INTEGER AS shard, 'members' AS table_name, count(*) AS rows FROM members GROUP BY shard
+        UNION ALL SELECT shard::INTEGER, 'facts', count(*) FROM fact_shards GROUP BY shard ORDER BY ALL""").to_arrow_table()
+    counts = {"fact_events": _count(connection, "facts"), "block_memberships": _count(connection, "members"),
+              "blocks": connection.execute("SELECT count(*) FROM (SELECT DISTINCT canonical_id, predicate_group "
+                                           "FROM members)").fetchall()[0][0]}
+    return StageResult(summary.cast(tables.SHARD_SUMMARY), counts=Counter(counts), shard_tables=splits)
+
+
+def _count(connection, table: str) -> int:
+    return connection.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+
+
+def _split(job: StageJob, asset: str, table: str, schema: pa.Schema) -> pa.Table:
+    """One shard's rows of a table a global step split by shard (this job's shard)."""
+    files = job.store.split_files(asset, job.versions[asset], table, job.shard)
+    if not files:
+        return schema.empty_table()
+    return job.store.relation(job.connection, files).select(*schema.names).to_arrow_table().cast(schema)
+
+
+def candidate_ranks(job: StageJob) -> StageResult:
+    """Rank, in one shard: each incoming fact's best candidate facts per type in each of the
+    shard's blocks. A block's ranks depend on its members alone, so a block whose members'
+    facts have the fingerprint they had in this shard's last output keeps its rows from it."""
+    connection = job.connection
+    facts = _split(job, "fact_blocks", "facts", tables.FACTS)
+    members = _split(job, "fact_blocks", "members", tables.BLOCK_MEMBERS)
+    connection.register("shard_facts", facts)
+    connection.register("shard_members", members)
+    fact_columns = ", ".join(f"f.{name}" for name in tables.FACTS.names)
+    blocks = connection.sql(f"""
+        SELECT m.canonical_id, m.predicate_group,
+               md5(string_agg(hash({fact_columns})::VARCHAR, ',' ORDER BY m.event_id)) AS fingerprint
+        FROM shard_members m JOIN shard_facts f USING (event_id)
+        GROUP BY ALL ORDER BY ALL""").to_arrow_table().cast(tables.RANKED_BLOCKS)
+    connection.register("shard_blocks", blocks)
+    kept = tables.CANDIDATE_RANKS.empty_table()
+    if job.previous:
+        job.store.relation(connection, [job.previous["ranked_blocks"]]).create_view("previous_blocks", replace=True)
+        job.store.relation(connection, [job.previous["candidate_ranks"]]).create_view("previous_ranks", replace=True)
+        connection.execute("""CREATE TEMP TABLE unchanged AS
+                              SELECT canonical_id, predicate_group FROM shard_blocks
+                              SEMI JOIN previous_blocks USING (canonical_id, predicate_group, fingerprint)""")
+        kept = connection.sql(f"""
+            SELECT {', '.join('r.' + name for name in tables.CANDIDATE_RANKS.names)} FROM previous_ranks r
+            SEMI JOIN unchanged u ON r.block_entity = u.canonical_id AND r.block_group = u.predicate_group
+            """).to_arrow_table().cast(tables.CANDIDATE_RANKS)
+    else:
+        connection.execute("CREATE TEMP TABLE unchanged AS SELECT canonical_id, predicate_group FROM shard_blocks LIMIT 0")
+    changed = connection.sql("""SELECT event_id, canonical_id, predicate_group FROM shard_members
+                                ANTI JOIN unchanged USING (canonical_id, predicate_group)""").to_arrow_table()
+    changed_facts = connection.sql("SELECT * FROM shard_facts SEMI JOIN changed USING (event_id)").to_arrow_table()
+    rules = policy.POLICY
+    ranked = rank_candidates(changed_facts.cast(tables.FACTS), changed, rules.min_cosine, rules.top_k)
+    ranks = pa.concat_tables([kept, ranked]).sort_by(
+        [(name, "ascending") for name in ("block_entity", "block_group", "incoming_event_id", "candidate_dynamic", "fact_key")])
+    reused = _count(connection, "unchanged")
+    return StageResult(ranks, tables={"ranked_blocks": blocks, "candidate_ranks": ranks}, counts=Counter({
+        "facts": facts.num_rows, "ranked": ranks.num_rows, "blocks": blocks.num_rows, "blocks_kept": reused,
+        "blocks_ranked": blocks.num_rows - reused}))
+
+
+def candidate_selection(job: StageJob) -> StageResult:
+    """Select, over every shard: each incoming fact's top k, sent to the shard that pairs it."""
+    store, connection = job.store, job.connection
+    files = [store.shard_path("candidate_ranks", shard) for shard in job.shard_keys
+             if store.is_file(store.shard_path("candidate_ranks", shard))]
+    relation = (store.relation(connection, files) if files
+                else connection.from_arrow(tables.CANDIDATE_RANKS.empty_table()))
+    relation.create_view("ranks", replace=True)
+    select_ranked(connection, "ranks", policy.POLICY.top_k).create_view("ranked", replace=True)
+    # computed once (the split and its summary both read it)
+    connection.execute(f"""CREATE TEMP TABLE selected AS
+                           SELECT *, {shard_sql("block_entity || '|' || block_group", job.shards)} AS shard FROM ranked""")
+    split = connection.sql("SELECT * FROM selected")
+    summary = connection.sql("SELECT shard::INTEGER AS shard, 'selected' AS table_name, count(*) AS rows FROM selected "
+                             "GROUP BY shard ORDER BY shard").to_arrow_table()
+    return StageResult(summary.cast(tables.SHARD_SUMMARY), shard_tables={"selected": split},
+                       counts=Counter({"selected": int(pc.sum(summary.column("rows")).as_py() or 0)}))
+
+
+def judged_pairs(job: StageJob) -> StageResult:
+    """Pair and judge, in one shard: the judge pairs of the facts selected for this shard, the
+    verdict on each, and each primary's earliest retirer."""
+    facts = _split(job, "fact_blocks", "facts", tables.FACTS)
+    triplets = _split(job, "fact_blocks", "triplets", tables.RESOLVED_TRIPLETS)
+    selected = _split(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS)
+    pairs = pair_candidates(facts, selected, policy.POLICY.min_cosine)
+    judgments, winners, counts = judge_pairs(pairs, facts, triplets, job.providers.judge)
+    return StageResult(winners, tables={"judgments": judgments, "retirements": winners}, counts=counts,
+                       metadata={"judge": job.providers.judge.name})
 
 
 def invalidated_events(job: StageJob) -> StageResult:
-    """Judge every candidate pair over all partitions, and revise guidance figures."""
-    store, judge = job.store, job.providers.judge
-    resolved = canonical_triplets(store.read_all("triplets", tables.TRIPLETS),
-                                  store.read(store.global_path("canonical_entities", "entity_resolution")),
-                                  store.read(store.global_path("canonical_entities")))
-    result = invalidate(store.read_all("temporal_events", tables.EVENTS), resolved, judge,
-                        store.read_all("figures", tables.FIGURES))
-    return StageResult(result.event_invalidations, counts=result.counts, metadata={"judge": judge.name},
-                       tables={"event_invalidations": result.event_invalidations, "invalidation_judgments": result.judgments,
-                               "figure_invalidations": result.figure_invalidations})
+    """Retire: each event's earliest retirement over every shard's judged pairs and the figure
+    revisions; the judgments of every shard with the revisions' for audit."""
+    store, connection = job.store, job.connection
+    shard_files = {table: [store.shard_path("judged_pairs", shard, table) for shard in job.shard_keys
+                           if store.is_file(store.shard_path("judged_pairs", shard, table))]
+                   for table in ("judgments", "retirements")}
+    winners = (store.relation(connection, shard_files["retirements"]).to_arrow_table().cast(tables.RETIREMENTS)
+               if shard_files["retirements"] else tables.RETIREMENTS.empty_table())
+    revisions = _revisions(job)
+    wanted = pa.table({"event_id": pa.array(involved_events(winners, revisions.retired_events), pa.string())})
+    connection.register("wanted_events", wanted)
+    events = store.partition_files("temporal_events")
+    timing_rows = (scan(store, connection, events).select("event_id", "invalid_at", "created_at")
+                   .join(connection.table("wanted_events"), "event_id").to_arrow_table().to_pylist() if events else [])
+    timing = {row["event_id"]: row for row in timing_rows}
+    invalidations = retirements(winners, revisions.retired_events, timing)
+    revision_judgments = tables.to_table(revisions.judgments, tables.INVALIDATION_JUDGMENTS)
+    connection.register("revision_judgments", revision_judgments)
+    judged = (store.relation(connection, shard_files["judgments"]) if shard_files["judgments"]
+              else connection.from_arrow(tables.INVALIDATION_JUDGMENTS.empty_table()))
+    judged.create_view("shard_judgments", replace=True)
+    columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
+    judgments = connection.sql(f"SELECT {columns} FROM shard_judgments UNION ALL SELECT {columns} FROM revision_judgments")
+    counts = Counter({"retired_by_judge": winners.num_rows, "invalidated_events": invalidations.num_rows,
+                         "revised_figures": revisions.figure_invalidations.num_rows,
+                         "events_retired_by_figures": len(revisions.retired_events)})
+    return StageResult(invalidations, counts=counts, tables={
+        "invalidation_judgments": judgments, "figure_invalidations": revisions.figure_invalidations,
+        "event_invalidations": invalidations})
+
+
+def _revisions(job: StageJob) -> FigureRevisions:
+    """Figure revisions (tkg.invalidate.revisions) company by company: guidance is keyed by its
+    company, so each company's figures are revised on their own, a company's at a time in memory."""
+    files = job.store.partition_files("figures")
+    if not files:
+        return revise_figures(tables.FIGURES.empty_table())
+    figures = scan(job.store, job.connection, files).order("company").to_arrow_table().cast(tables.FIGURES)
+    companies = figures.column("company")
+    invalidations, judgments, retired = [], [], {}
+    start = 0
+    values = companies.to_pylist()
+    for end in range(1, len(values) + 1):
+        if end == len(values) or values[end] != values[start]:
+            part = revise_figures(figures.slice(start, end - start))
+            invalidations.append(part.figure_invalidations)
+            judgments.extend(part.judgments)
+            retired.update(part.retired_events)
+            start = end
+    merged = pa.concat_tables(invalidations).sort_by("figure_id")
+    judgments.sort(key=lambda r: (r["primary_event_id"], r["secondary_event_id"], r["reason"]))
+    return FigureRevisions(merged, judgments, retired)
 
 
 def fact_relevance(job: StageJob) -> StageResult:
     """Score every fact for retention and mark the ones to archive (tkg.invalidate.retention)."""
-    events = job.store.read_all("temporal_events", tables.EVENTS,
-                                columns=["event_id", "statement_hash", "statement_type", "created_at"])
-    result = StageResult(score_facts(events, retention_settings()))
-    result.counts["archived"] = result.table.num_rows - result.table.column("archive_reason").null_count
-    return result
+    _partition_view(job, "events", "temporal_events", tables.EVENTS)
+    scored = score_facts(job.connection, "events", retention_settings())
+    scored.create_view("scored", replace=True)
+    archived, facts = job.connection.execute("SELECT count(archive_reason), count(*) FROM scored").fetchall()[0]
+    return StageResult(tables.FACT_RELEVANCE.empty_table(), tables={"fact_relevance": scored},
+                       counts=Counter(archived=archived, facts=facts))

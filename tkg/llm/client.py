@@ -29,7 +29,13 @@ import openai
 from openai.lib._parsing._completions import type_to_response_format_param
 from openai.lib._parsing._responses import type_to_text_format_param
 from pydantic import BaseModel
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from tkg.core.results import StageStats
 from tkg.llm.prompts import RenderedPrompt

@@ -35,16 +35,16 @@ from functools import lru_cache, partial
 from itertools import groupby
 from typing import Any, Callable, Iterable
 
+import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 from nameparser import HumanName
 from nicknames import NickNamer
 from rapidfuzz import fuzz, process
 
 from tkg.core import tables
-from tkg.core.arrays import run_starts, take_rows
+from tkg.core.arrays import run_starts
 from tkg.core.companies import Company, load_companies
 from tkg.core.embeddings import embedding_matrix
 from tkg.core.names import company_for_name, fold, organisation_key
@@ -301,10 +301,41 @@ def registry_id(company: Company) -> str:
 # --- name groups -----------------------------------------------------------------------------
 
 
+class MentionSource:
+    """The mentions resolution reads, as DuckDB view `mentions` on `connection`: the store's
+    entity files read a column at a time (out of core), or an in-memory table.
+
+    Mention order (what "the first description" means) is the order the store's files are
+    read in: by company, quarter, then entity id, as each partition's file is written."""
+
+    def __init__(self, connection: duckdb.DuckDBPyConnection, relation: duckdb.DuckDBPyRelation) -> None:
+        self.connection = connection
+        relation.create_view("_mention_rows", replace=True)
+        # Names with their runs of spaces collapsed and ends trimmed, and types defaulted, as the
+        # groups key them; the order columns say where each mention stands.
+        connection.execute("""
+            CREATE OR REPLACE TEMP VIEW mentions AS
+            SELECT entity_id, trim(regexp_replace(name, ' {2,}', ' ', 'g'), ' ') AS name, coalesce(type, 'Other') AS type,
+                   description, seen_at, embedding, company, quarter
+            FROM _mention_rows""")
+
+    @classmethod
+    def of_table(cls, mentions: pa.Table, connection: duckdb.DuckDBPyConnection | None = None) -> MentionSource:
+        """Mentions held in memory (tests, small stores): their row order is their order."""
+        connection = connection or duckdb.connect()
+        order = pa.array(range(mentions.num_rows), pa.int64())
+        ordered = mentions.select([c for c in mentions.column_names if c not in ("company", "quarter")])
+        ordered = ordered.append_column("company", pa.array([""] * mentions.num_rows, pa.string())).append_column("quarter", order)
+        return cls(connection, connection.from_arrow(ordered))
+
+
+_ORDER = "company, quarter, entity_id"  # mention order (see MentionSource)
+
+
 @dataclass
 class NameGroups:
     """Every distinct (type, name) of the mentions, sorted by type then name, as columns: the
-    unit clustering works on. `rows` maps each mention with a name to its group.
+    unit clustering works on.
 
     Description sets and embeddings are read only for the groups that need them (`evidence`):
     they only ever settle organisation names whose spellings extend each other, a few dozen
@@ -318,9 +349,7 @@ class NameGroups:
     descriptions: list[str | None]  # the first non-empty description, in mention order
     keys: list[str]  # the typed key (see _alias_key)
     seen: pl.DataFrame  # first_seen, last_seen per group
-    rows: pl.DataFrame  # row, entity_id, group
-    mentions: pa.Table
-    organisation_width: int  # the longest organisation embedding: shorter ones are left out
+    source: MentionSource
 
     def __len__(self) -> int:
         return len(self.names)
@@ -329,16 +358,24 @@ class NameGroups:
         """For each wanted group: the distinct descriptions of its mentions, and their mean unit
         embedding (None without embeddings), all read in one pass."""
         wanted = sorted(set(wanted))
-        picked = self.rows.filter(pl.col("group").is_in(wanted)).sort("group", maintain_order=True)
-        taken = take_rows(self.mentions.select(["description", "embedding"]), picked["row"].to_numpy())
-        owners = picked["group"].to_numpy()
+        connection = self.source.connection
+        keys = pa.table({"group": pa.array(wanted, pa.int64()), "type": [self.types[g] for g in wanted],
+                         "name": [self.names[g] for g in wanted]})
+        connection.register("_wanted_groups", keys)
+        taken = connection.sql(f"""
+            SELECT w."group", m.description, m.embedding FROM mentions m JOIN _wanted_groups w USING (type, name)
+            WHERE length(m.name) > 0 ORDER BY w."group", {', '.join('m.' + c.strip() for c in _ORDER.split(','))}""").to_arrow_table()
+        width = connection.execute("""SELECT coalesce(max(length(embedding)), 0) FROM mentions
+                                      WHERE type = ? AND length(name) > 0""", [ORGANIZATION]).fetchall()[0][0]
+        connection.unregister("_wanted_groups")
+        owners = taken.column("group").to_numpy()
         descriptions: dict[int, set[str]] = {group: set() for group in wanted}
         for group, description in zip(owners.tolist(), taken.column("description").to_pylist()):
             if description:
                 descriptions[group].add(description)
         vectors: dict[int, np.ndarray] = {}
         matrix, present = embedding_matrix(taken.column("embedding"))
-        if len(matrix) and matrix.shape[1] == self.organisation_width:
+        if len(matrix) and matrix.shape[1] == width:
             owners = owners[present]
             starts = run_starts(owners)
             totals = np.add.reduceat(matrix, starts, axis=0)
@@ -348,33 +385,21 @@ class NameGroups:
         return {group: (frozenset(descriptions[group]), vectors.get(group)) for group in wanted}
 
 
-def _group_mentions(mentions: pa.Table) -> NameGroups:
-    """Mentions by (type, exact name), whitespace collapsed; mentions without a name are left out."""
-    frame = (
-        pl.from_arrow(mentions.select(["entity_id", "name", "type", "description", "seen_at"]))
-        .with_row_index("row")
-        .with_columns(pl.col("name").str.replace_all(" {2,}", " ").str.strip_chars(" "), pl.col("type").fill_null("Other"))
-        .filter(pl.col("name").str.len_chars() > 0)
-    )
-    described = pl.col("description").filter(pl.col("description").is_not_null() & (pl.col("description") != ""))
-    grouped = (
-        frame.group_by(["type", "name"])
-        .agg(pl.len().alias("count"), described.first().alias("description"),
-             pl.col("seen_at").min().alias("first_seen"), pl.col("seen_at").max().alias("last_seen"))
-        .sort(["type", "name"])
-        .with_row_index("group")
-    )
-    rows = frame.select(["row", "entity_id", "type", "name"]).join(
-        grouped.select(["type", "name", "group"]), on=["type", "name"], how="left", maintain_order="left")
+def _group_mentions(source: MentionSource) -> NameGroups:
+    """Mentions by (type, exact name), whitespace collapsed; mentions without a name are left out.
+    DuckDB groups them out of core; only the distinct names come back."""
+    grouped = pl.from_arrow(source.connection.sql(f"""
+        SELECT type, name, count(*) AS count,
+               arg_min(description, struct_pack({_ORDER})) FILTER (WHERE description IS NOT NULL AND description <> '')
+                   AS description,
+               min(seen_at) AS first_seen, max(seen_at) AS last_seen
+        FROM mentions WHERE length(name) > 0
+        GROUP BY type, name ORDER BY type, name""").to_arrow_table())
     types, names = grouped["type"].to_list(), grouped["name"].to_list()
     folded = folds(names)
-    lengths = pc.fill_null(pc.list_value_length(mentions.column("embedding")), 0).to_numpy(zero_copy_only=False)
-    organisation_rows = frame.filter(pl.col("type") == ORGANIZATION)["row"].to_numpy()
     return NameGroups(
         types=types, names=names, folded=folded, counts=grouped["count"].to_list(), descriptions=grouped["description"].to_list(),
-        keys=typed_keys(types, names, folded),
-        seen=grouped.select(["first_seen", "last_seen"]), rows=rows.select(["row", "entity_id", "group"]), mentions=mentions,
-        organisation_width=int(lengths[organisation_rows].max()) if len(organisation_rows) else 0,
+        keys=typed_keys(types, names, folded), seen=grouped.select(["first_seen", "last_seen"]), source=source,
     )
 
 
@@ -615,8 +640,25 @@ def _new_id(entity_type: str, folded_name: str) -> str:
 @dataclass
 class Resolution:
     canonical_entities: pa.Table
-    mapping: pa.Table
+    names: pa.Table  # type, name, canonical_id, method: every distinct name's canonical
     counts: Counter
+    source: MentionSource
+
+    def mapping_relation(self) -> duckdb.DuckDBPyRelation:
+        """Each mention's canonical (the `entity_resolution` table), computed by DuckDB: by
+        entity id (then canonical and method, so even a repeated id does not depend on row order)."""
+        connection = self.source.connection
+        connection.register("_resolved_names", self.names)
+        return connection.sql("""
+            SELECT m.entity_id, n.canonical_id, n.method, NULL::DOUBLE AS score
+            FROM mentions m JOIN _resolved_names n USING (type, name)
+            WHERE length(m.name) > 0
+            ORDER BY m.entity_id, n.canonical_id NULLS LAST, n.method NULLS LAST""")
+
+    @property
+    def mapping(self) -> pa.Table:
+        """`mapping_relation` in memory (for small inputs)."""
+        return self.mapping_relation().to_arrow_table().cast(tables.ENTITY_RESOLUTION)
 
 
 def _registry_canonicals() -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], str]]:
@@ -633,17 +675,21 @@ def _registry_canonicals() -> tuple[dict[str, dict[str, Any]], dict[tuple[str, s
     return registry, known_alias
 
 
-def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Resolution:
-    """Resolve all mentions.
+def resolve_entities(mentions: pa.Table | MentionSource, previous: pa.Table | None = None) -> Resolution:
+    """Resolve all mentions (a table, or a source over the store's files).
 
     Every live canonical (its id, name, description and aliases) is a function of the mentions
     and the company registry alone, so the same mentions give the same entities however and in
     whatever order they were built. A cluster's id hashes its earliest-seen name, which later
     calls do not change, so ids stay stable as partitions arrive. `previous` (the last
     registry) only contributes the ids it issued that no longer name a live entity: they are
-    kept, with `merged_into` pointing at the entity that now holds their names."""
+    kept, with `merged_into` pointing at the entity that now holds their names.
+
+    Only distinct names are held in memory; each mention's canonical id is a join of the
+    mentions with `Resolution.names` (`Resolution.mapping_relation`), streamed where it is used."""
     counts: Counter = Counter()
-    groups = _group_mentions(mentions)
+    source = mentions if isinstance(mentions, MentionSource) else MentionSource.of_table(mentions)
+    groups = _group_mentions(source)
     registry, known_alias = _registry_canonicals()
     known = [known_alias.get(pair) for pair in zip(groups.types, groups.keys)]
     cluster_of = _join_registry_clusters(cluster_groups(groups), known, registry)  # group -> its cluster's number
@@ -667,21 +713,16 @@ def resolve_entities(mentions: pa.Table, previous: pa.Table | None = None) -> Re
     counts["canonical_entities"] = live.num_rows
     counts["retired_ids_kept"] = retired.num_rows
 
-    # Each mention gets its cluster's canonical; the method says whether its name is the canonical name.
+    # Each name gets its cluster's canonical; the method says whether it is the canonical name.
     canonical = pl.Series("canonical_id", ids, dtype=pl.String).gather(cluster_of)
     method = pl.Series("method", methods, dtype=pl.String).gather(cluster_of)
     is_alias = pl.Series(names, dtype=pl.String).ne_missing(pl.Series(canonical_names, dtype=pl.String).gather(cluster_of))
     method = pl.select(pl.when(is_alias).then(method + ":alias").otherwise(method)).to_series().alias("method")
-    group = groups.rows["group"]
-    mapped = pl.DataFrame([groups.rows["entity_id"], canonical.gather(group), method.gather(group),
-                           pl.Series("score", [None] * len(group), dtype=pl.Float64)])
-    counts["mentions"] = mapped.height
-    return Resolution(
-        canonical_entities=canonical_entities.sort_by("canonical_id"),
-        # by entity id (then canonical and method, so even a repeated id does not depend on row order)
-        mapping=mapped.sort(["entity_id", "canonical_id", "method"], nulls_last=True).to_arrow().cast(tables.ENTITY_RESOLUTION),
-        counts=counts,
-    )
+    resolved_names = pa.table({"type": pa.array(types, pa.string()), "name": pa.array(names, pa.string()),
+                               "canonical_id": canonical.to_arrow(), "method": method.to_arrow()})
+    counts["mentions"] = sum(groups.counts)
+    return Resolution(canonical_entities=canonical_entities.sort_by("canonical_id"), names=resolved_names, counts=counts,
+                      source=source)
 
 
 def _retired(previous: pa.Table | None, live: pa.Table, registry: dict[str, dict[str, Any]]) -> pa.Table:

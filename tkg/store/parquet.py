@@ -18,6 +18,7 @@ from pathlib import Path, PurePath, PurePosixPath
 
 import duckdb
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -146,11 +147,51 @@ class ParquetStore:
     def global_path(self, asset: str, table: str | None = None) -> PurePath:
         return self.parquet_root / asset / f"{table or asset}.parquet"
 
-    def usage_path(self, step: str, company: str | None = None, quarter: date | None = None) -> PurePath:
-        """Where one step's LLM accounting goes: per partition, or one file for a global step."""
+    def shard_path(self, asset: str, shard: str, table: str | None = None) -> PurePath:
+        """A sharded asset's table for one shard."""
+        return self.parquet_root / asset / f"shard={shard}" / f"{table or asset}.parquet"
+
+    def split_folder(self, asset: str, version: str, table: str) -> PurePath:
+        """Where a global step writes one of its tables split by shard (`shard=<key>/` under it),
+        in a folder of its own version: its stamp file commits it, readers follow the stamp."""
+        return self.parquet_root / asset / f"v={version}" / table
+
+    def split_files(self, asset: str, version: str, table: str, shard: str) -> list[PurePath]:
+        """One shard's files of a table a global step split by shard."""
+        folder = self.split_folder(asset, version, table)
+        return self.files(f"{folder.relative_to(self.parquet_root).as_posix()}/shard={shard}/*.parquet")
+
+    def write_split(self, folder: PurePath, data: pa.RecordBatchReader) -> None:
+        """Write `data` (with a string column `shard`) as one folder per shard under `folder`,
+        streaming; what the folder held before is removed first."""
+        self.delete_folder(folder)
+        partitioning = pads.partitioning(pa.schema([("shard", pa.string())]), flavor="hive")
+        pads.write_dataset(data, str(folder), format="parquet", partitioning=partitioning, filesystem=self.filesystem,
+                           basename_template="part-{i}.parquet", existing_data_behavior="overwrite_or_ignore",
+                           max_rows_per_group=65536, min_rows_per_group=16384,
+                           file_options=pads.ParquetFileFormat().make_write_options(compression="zstd"))
+
+    def delete_folder(self, folder: PurePath) -> None:
+        """Remove a folder and everything under it; a folder that is not there is fine."""
+        try:
+            self.filesystem.delete_dir(str(folder))
+        except FileNotFoundError:
+            pass
+
+    def versions_of(self, asset: str) -> list[str]:
+        """The versions of split tables an asset's folder holds (`v=<version>` folders)."""
+        selector = pafs.FileSelector(str(self.parquet_root / asset), recursive=False, allow_not_found=True)
+        return sorted(info.base_name.removeprefix("v=") for info in self.filesystem.get_file_info(selector)
+                      if info.type == pafs.FileType.Directory and info.base_name.startswith("v="))
+
+    def usage_path(self, step: str, company: str | None = None, quarter: date | None = None,
+                   shard: str | None = None) -> PurePath:
+        """Where one step's LLM accounting goes: per partition, per shard, or one file for a global step."""
         folder = self.parquet_root / "llm_calls" / step
         if company is not None and quarter is not None:
             folder = folder / f"company={company}" / f"quarter={quarter.isoformat()}"
+        elif shard is not None:
+            folder = folder / f"shard={shard}"
         return folder / "llm_calls.parquet"
 
     def files(self, pattern: str) -> list[PurePath]:
@@ -172,6 +213,11 @@ class ParquetStore:
         """Every partition file of a partitioned asset."""
         return self.files(f"{asset}/company=*/quarter=*/{asset}.parquet")
 
+    def metadata(self, path: PurePath) -> pq.FileMetaData:
+        """A Parquet file's footer: its rows, row groups and their sizes, without reading data."""
+        with self.filesystem.open_input_file(str(path)) as handle:
+            return pq.read_metadata(handle)
+
     def is_file(self, path: PurePath) -> bool:
         return self.filesystem.get_file_info(str(path)).type == pafs.FileType.File
 
@@ -182,16 +228,17 @@ class ParquetStore:
         except FileNotFoundError:
             pass
 
-    def write(self, path: PurePath, table: pa.Table) -> PurePath:
-        """Write `table` to `path` atomically: a reader sees the old file or the new one, never half."""
+    def write(self, path: PurePath, table: pa.Table | pa.RecordBatchReader) -> PurePath:
+        """Write `table` to `path` atomically: a reader sees the old file or the new one, never
+        half. A RecordBatchReader is written batch by batch, never held whole in memory."""
         if not self.is_local:
-            pq.write_table(table, str(path), filesystem=self.filesystem, compression="zstd")
+            _write_parquet(table, str(path), self.filesystem)
             return path
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = temporary_path(path)
         try:
-            pq.write_table(table, temporary, compression="zstd")
+            _write_parquet(table, str(temporary), None)
             os.replace(temporary, path)
         except BaseException:
             temporary.unlink(missing_ok=True)
@@ -211,14 +258,19 @@ class ParquetStore:
         except FileNotFoundError:
             return None
 
-    def relation(self, connection: duckdb.DuckDBPyConnection, files: list[PurePath]) -> duckdb.DuckDBPyRelation:
-        """The files as one DuckDB relation, columns matched by name. A local store is scanned by
-        DuckDB itself; an object store is read through pyarrow (DuckDB's httpfs extension cannot be
-        assumed to be installed)."""
+    def relation(self, connection: duckdb.DuckDBPyConnection, files: list[PurePath], uniform: bool = False
+                 ) -> duckdb.DuckDBPyRelation:
+        """The files as one DuckDB relation, columns matched by name, scanned lazily (only the
+        columns and rows a query needs, out of core). A local store is scanned by DuckDB itself;
+        an object store through a pyarrow dataset (DuckDB's httpfs extension cannot be assumed
+        to be installed). `uniform`: the caller knows every file has the same columns, so the
+        files' schemas need not all be read and matched first (seconds for thousands of files)."""
         if self.is_local:
-            return connection.read_parquet([str(f) for f in files], union_by_name=True)
-        parts = [self.read(f) for f in files]
-        return connection.from_arrow(pa.concat_tables(parts, promote_options="permissive"))
+            return connection.read_parquet([str(f) for f in files], union_by_name=not uniform)
+        schemas = [pq.read_schema(str(f), filesystem=self.filesystem) for f in (files[:1] if uniform else files)]
+        dataset = pads.dataset([str(f) for f in files], filesystem=self.filesystem, format="parquet",
+                               schema=pa.unify_schemas(schemas, promote_options="permissive"))
+        return connection.from_arrow(dataset)
 
     def read_all(self, asset: str, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
         """Every partition of `asset` as one table (empty, with `schema`, when nothing is written yet)."""
@@ -231,6 +283,24 @@ class ParquetStore:
             if columns:
                 relation = relation.select(*(duckdb.ColumnExpression(c) for c in columns))
             return relation.to_arrow_table()
+
+
+def _write_parquet(data: pa.Table | pa.RecordBatchReader, where: str, filesystem: pafs.FileSystem | None) -> None:
+    if isinstance(data, pa.Table):
+        pq.write_table(data, where, filesystem=filesystem, compression="zstd")
+        return
+    with pq.ParquetWriter(where, data.schema, filesystem=filesystem, compression="zstd") as writer:
+        for batch in data:
+            writer.write_batch(batch)
+
+
+def spilling_connection(temporary_folder: Path, memory_limit: str) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection for the global steps' set work: it stays under
+    `memory_limit` by spilling to `temporary_folder` (sorts, joins and aggregates larger than
+    memory run out of core) and keeps rows in the order queries ask for."""
+    temporary_folder.mkdir(parents=True, exist_ok=True)
+    return duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(temporary_folder),
+                                  "preserve_insertion_order": True})
 
 
 def _object(uri: str) -> tuple[pafs.FileSystem, str]:

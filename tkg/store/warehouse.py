@@ -25,6 +25,7 @@ import pyarrow as pa
 from tkg.core.ids import short_version
 from tkg.core.paths import sql_dir
 from tkg.core.versions import Stamp
+from tkg.store.manifest import scan
 from tkg.store.parquet import ParquetStore, temporary_path
 
 
@@ -37,10 +38,11 @@ class RawTable:
     schema: pa.Schema
     file: str | None = None  # set for global assets (one file); partitioned assets glob
     pattern: str | None = None  # a glob under the Parquet root, for tables written by several steps
+    dropped: tuple[str, ...] = ()  # columns of the files not copied (the mentions' vectors: half the file, read by no view)
 
 
 # Bump when publishing changes (every SQL model's text is part of the code version too).
-WAREHOUSE_VERSION = "warehouse-2"
+WAREHOUSE_VERSION = "warehouse-3"
 
 
 def warehouse_code_version() -> str:
@@ -126,8 +128,9 @@ def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: R
     # an older tkg lack are NULL there, and a view over the table never misses one.
     empty = raw.schema.empty_table()  # noqa: F841 (read by name in the SQL below)
     if files:
-        source = store.relation(connection, files)  # noqa: F841
-        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty UNION ALL BY NAME SELECT * FROM source")
+        source = scan(store, connection, files)  # noqa: F841
+        columns = f"* EXCLUDE ({', '.join(raw.dropped)})" if raw.dropped else "*"
+        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty UNION ALL BY NAME SELECT {columns} FROM source")
     else:
         connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty")
     return connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchall()[0][0]
@@ -197,7 +200,7 @@ def published_stamp(target: Path) -> Stamp | None:
 
 def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], models: list[SqlModel] | None = None,
             stamp: Stamp | None = None, check: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
-            info: dict[str, str] | None = None) -> PublishResult:
+            info: dict[str, str] | None = None, memory_limit: str | None = None) -> PublishResult:
     """Build a fresh warehouse file from the Parquet tree (`raw_tables`, the stage catalog's) and
     swap it onto `target`.
 
@@ -205,14 +208,16 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
     query embeds questions in the same space).
 
     `check` runs on the finished file before the swap; if it raises, the file is discarded and
-    `target` keeps its last good contents."""
+    `target` keeps its last good contents. `memory_limit` (a DuckDB size) bounds what the load
+    holds in memory; past it DuckDB writes to the file and its temporary folder."""
     target = Path(target).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     models = load_models() if models is None else models
     temporary = temporary_path(target, ".building")
     result = PublishResult(path=target, stamp=stamp)
     try:
-        with duckdb.connect(str(temporary), config=STORAGE_COMPATIBILITY) as connection:
+        config = {**STORAGE_COMPATIBILITY, **({"memory_limit": memory_limit} if memory_limit else {})}
+        with duckdb.connect(str(temporary), config=config) as connection:
             connection.execute("CREATE SCHEMA raw")
             connection.execute("CREATE TABLE raw.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
             if stamp is not None:

@@ -58,11 +58,13 @@ def stage_metadata(report: StageReport) -> dict[str, object]:
     return metadata
 
 
-def version_tags(stage: Stage, stamp: Stamp) -> dict[str, str]:
+def version_tags(stage: Stage, stamp: Stamp, input_versions: dict[str, str] | None = None) -> dict[str, str]:
     """The data-version tags Dagster writes when an asset runs, for a materialisation that tkg
-    build recorded: code version, data version and the versions of the inputs."""
+    build recorded: code version, data version and the versions of the inputs (`input_versions`
+    where the stamp holds something else for an input, as a shard's does)."""
     tags = {"dagster/code_version": stamp.code_version, "dagster/data_version": stamp.version}
+    inputs = {**stamp.inputs, **(input_versions or {})}
     for upstream in stage.inputs:
-        if upstream in stamp.inputs:
-            tags[f"dagster/input_data_version/{upstream}"] = stamp.inputs[upstream]
+        if upstream in inputs:
+            tags[f"dagster/input_data_version/{upstream}"] = inputs[upstream]
     return tags

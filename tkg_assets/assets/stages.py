@@ -58,6 +58,24 @@ def _partitioned_asset(stage: Stage, partitions_def: dg.PartitionsDefinition, co
     return stage_asset
 
 
+# One shard per run: a shard's memory is its own process's, and a failed shard is retried alone.
+SHARD_BACKFILL = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
+
+
+def _shard_asset(stage: Stage, shards_def: dg.PartitionsDefinition, code_versions: dict[str, str]):
+    @dg.asset(name=stage.name, partitions_def=shards_def, group_name=stage.group, kinds={"python", "parquet"},
+              owners=OWNERS, deps=list(stage.inputs), code_version=code_versions[stage.name], description=stage.description,
+              metadata=definition_metadata(stage), automation_condition=global_automation(stage),
+              backfill_policy=SHARD_BACKFILL, pool=LLM_POOL if stage.counters else None)
+    def stage_asset(context: dg.AssetExecutionContext, storage: TkgStorage, source: TranscriptSource,
+                    extraction: ExtractionBackend) -> dg.MaterializeResult:
+        result = run_global(runtime_of(storage, source, extraction), stage, str(context.partition_key))
+        return dg.MaterializeResult(metadata=stage_metadata(report_of(stage.name, result)),
+                                    data_version=dg.DataVersion(result.stamp.version))
+
+    return stage_asset
+
+
 def _global_asset(stage: Stage, code_versions: dict[str, str]):
     @dg.asset(name=stage.name, group_name=stage.group, kinds={"python", "duckdb", "parquet"}, owners=OWNERS,
               deps=list(stage.inputs), code_version=code_versions[stage.name], description=stage.description,
@@ -71,8 +89,10 @@ def _global_asset(stage: Stage, code_versions: dict[str, str]):
     return stage_asset
 
 
-def stage_assets(partitions_def: dg.PartitionsDefinition, code_versions: dict[str, str]) -> list[dg.AssetsDefinition]:
-    """Every stage's asset: the partitioned ones over `partitions_def`, with the code versions
-    of the configured backend."""
+def stage_assets(partitions_def: dg.PartitionsDefinition, shards_def: dg.PartitionsDefinition,
+                 code_versions: dict[str, str]) -> list[dg.AssetsDefinition]:
+    """Every stage's asset: the partitioned ones over `partitions_def`, the shard ones over
+    `shards_def`, with the code versions of the configured backend."""
     return [_partitioned_asset(stage, partitions_def, code_versions) if stage.partitioned
+            else _shard_asset(stage, shards_def, code_versions) if stage.sharded
             else _global_asset(stage, code_versions) for stage in catalog.STAGES]

@@ -7,11 +7,25 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 
-from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, fetch_warehouse, settings_of, share_warehouse
+from resources.tkg import (
+    ExtractionBackend,
+    TkgStorage,
+    TranscriptSource,
+    fetch_warehouse,
+    settings_of,
+    share_warehouse,
+)
 from tkg.build.catalog import WAREHOUSE
 from tkg.build.graph import run_warehouse
 from tkg.store.checks import CHECKS, CheckResult, WarehouseCheckFailed, guard
-from tkg.store.warehouse import SqlModel, applied_sha256s, describe_models, load_models, reapply_model, warehouse_code_version
+from tkg.store.warehouse import (
+    SqlModel,
+    applied_sha256s,
+    describe_models,
+    load_models,
+    reapply_model,
+    warehouse_code_version,
+)
 from tkg_assets.assets.common import OWNERS, column_schema
 from tkg_assets.automation import SQL_MODEL_AUTOMATION, WAREHOUSE_AUTOMATION
 from tkg_assets.instance import DUCKDB_POOL

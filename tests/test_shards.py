@@ -1,0 +1,198 @@
+"""The global half split into shards: the same graph whatever the shard count, the cross-shard
+cases handled exactly, a change reruns only the shards (and blocks) it touches, and a shard
+that cannot run fails alone with a clear message."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+from tests.conftest import needs_corpus, run_tkg
+from tkg.build import catalog
+from tkg.build.graph import finish_graph
+from tkg.build.stages import PROCESS_BASE, SHARD_MEMORY_FACTOR, Runtime, run_global, shard_input, stale_work
+from tkg.core.companies import DEFAULT_COMPANIES_FILE
+from tkg.settings import Settings
+from tkg.store.parquet import ParquetStore
+
+# The tables the global half publishes, each sorted by all of its columns.
+GRAPH_TABLES = [
+    ("canonical_entities", "canonical_entities"), ("canonical_entities", "entity_resolution"),
+    ("invalidated_events", "event_invalidations"), ("invalidated_events", "invalidation_judgments"),
+    ("invalidated_events", "figure_invalidations"), ("fact_relevance", "fact_relevance"),
+]
+COMPANIES = ("INTC", "AMD")  # two companies' partitions of the real corpus: quick, and blocks span shards
+
+
+def _runtime(home: Path, shards: int) -> Runtime:
+    return Runtime.open(Settings.resolve(home=home, backend="offline", embeddings="wordllama", shards=shards))
+
+
+def _graph(home: Path) -> dict[str, list[tuple]]:
+    """The global half's tables, each sorted; of the canonical entities, the live ones (an id a
+    merge retired stays in the registry, with `merged_into`, for whoever stored it)."""
+    store = ParquetStore(home)
+    graph = {}
+    for stage, table in GRAPH_TABLES:
+        rows = store.read(store.global_path(stage, table)).to_pylist()
+        if table == "canonical_entities":
+            rows = [row for row in rows if row["merged_into"] is None]
+        graph[f"{stage}.{table}"] = sorted(tuple(row.values()) for row in rows)
+    return graph
+
+
+def _shard_files(home: Path) -> dict[str, float]:
+    """Every shard step's files with their modification times."""
+    root = home / "parquet"
+    return {str(path.relative_to(root)): path.stat().st_mtime_ns for stage in catalog.GLOBAL if stage.sharded
+            for path in (root / stage.name).glob("shard=*/*.parquet")}
+
+
+@pytest.fixture(scope="module")
+def two_companies(corpus_home, tmp_path_factory) -> Path:
+    """The partitions of two companies of the real corpus (copied from the session's build),
+    with no global step run yet."""
+    home = tmp_path_factory.mktemp("two_companies")
+    for stage in catalog.PARTITIONED:
+        for company in COMPANIES:
+            shutil.copytree(corpus_home / "parquet" / stage.name / f"company={company}",
+                            home / "parquet" / stage.name / f"company={company}")
+    return home
+
+
+def _copy(home: Path, target: Path) -> Path:
+    shutil.copytree(home, target)
+    return target
+
+
+@needs_corpus
+def test_the_shard_count_changes_the_files_not_the_graph(two_companies, tmp_path):
+    graphs = {}
+    for shards in (1, 3, 7):
+        home = _copy(two_companies, tmp_path / f"shards{shards}")
+        finish_graph(_runtime(home, shards))
+        graphs[shards] = _graph(home)
+        if shards == 7:
+            # the case the merges exist for: events whose blocks lie in several shards
+            assert sum(len(found) > 1 for found in _event_shards(home).values()) > 10
+            retirements = (home / "parquet" / "judged_pairs").glob("shard=*/retirements.parquet")
+            assert sum(ParquetStore(home).read(path).num_rows > 0 for path in retirements) >= 2
+    assert graphs[1]["invalidated_events.event_invalidations"]  # something was retired
+    assert graphs[3] == graphs[1]
+    assert graphs[7] == graphs[1]
+
+
+def _merged_registry(home: Path, tmp_path: Path) -> Path:
+    """The company registry with one more alias: the organisation (seen in the store, not yet a
+    registry company) with the most mentions becomes an alias of the company whose calls
+    mention it most. Resolution then merges the two entities."""
+    store = ParquetStore(home)
+    canonical = store.read(store.global_path("canonical_entities")).to_pylist()
+    organisations = {row["canonical_id"]: row["name"] for row in canonical
+                     if row["type"] == "Organization" and row["source"] == "mentions"}
+    mapping = store.global_path("canonical_entities", "entity_resolution")
+    mentions = duckdb.sql(f"""SELECT r.canonical_id, e.company
+                              FROM read_parquet('{home}/parquet/entities/*/*/*.parquet', hive_partitioning = true) e
+                              JOIN read_parquet('{mapping}') r USING (entity_id)""").fetchall()
+    counts = Counter(row for row in mentions if row[0] in organisations)
+    (merged_id, company), _ = counts.most_common(1)[0]
+    registry = yaml.safe_load(DEFAULT_COMPANIES_FILE.read_text())
+    for entry in registry["companies"]:
+        if entry["ticker"] == company:
+            entry["aliases"] = [*entry["aliases"], organisations[merged_id]]
+    path = tmp_path / "companies.yaml"
+    path.write_text(yaml.safe_dump(registry))
+    return path
+
+
+def _event_shards(home: Path) -> dict[str, set[str]]:
+    """Each fact's shards (those of its blocks), from fact_blocks' split."""
+    store = ParquetStore(home)
+    version = store.stamp(store.global_path("fact_blocks")).version
+    folder = home / "parquet" / "fact_blocks" / f"v={version}" / "facts"
+    rows = duckdb.sql(f"""SELECT event_id, list(DISTINCT shard ORDER BY shard)
+                          FROM read_parquet('{folder}/*/*.parquet', hive_partitioning = true) GROUP BY event_id""").fetchall()
+    return {event_id: set(shards) for event_id, shards in rows}
+
+
+@needs_corpus
+def test_an_entity_merge_reruns_what_it_touches_and_equals_a_fresh_build(two_companies, tmp_path, monkeypatch):
+    """A user adds an alias to the company registry: two canonical entities become one, the
+    facts about them move to the merged entity's blocks (and shards). The rerun keeps every
+    shard and block the merge did not touch, and its graph equals a build from nothing."""
+    home = _copy(two_companies, tmp_path / "home")
+    finish_graph(_runtime(home, 5))
+    shards_before = _event_shards(home)
+    files_before = _shard_files(home)
+
+    monkeypatch.setenv("TKG_COMPANIES", str(_merged_registry(home, tmp_path)))
+    runtime = _runtime(home, 5)
+    assert stale_work(runtime, catalog.stage("canonical_entities")) == ["*"]
+    report = finish_graph(runtime)
+    moved = {event for event, shards in _event_shards(home).items() if shards_before.get(event, shards) != shards}
+    assert moved, "the merge moved no fact to another shard"
+    files_after = _shard_files(home)
+    untouched = [path for path, mtime in files_after.items() if files_before.get(path) == mtime]
+    assert untouched, "every shard was rebuilt"
+    assert report.counts["blocks_kept"] > report.counts["blocks_ranked"] > 0
+
+    store = ParquetStore(home)
+    retired = [row for row in store.read(store.global_path("canonical_entities")).to_pylist() if row["merged_into"]]
+    assert retired, "the merged entity's id is kept, pointing at the entity it joined"
+
+    fresh = _copy(two_companies, tmp_path / "fresh")
+    finish_graph(_runtime(fresh, 5))
+    assert _graph(home) == _graph(fresh)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_shard_over_its_memory_limit_fails_alone_and_a_rerun_finishes_only_it(sample_home, tmp_path):
+    home = _copy(sample_home, tmp_path / "home")
+    published = _digest(home / "tkg.duckdb")
+    published_at = (home / "tkg.duckdb").stat().st_mtime_ns
+    store = ParquetStore(home)
+    env = {"TKG_SHARDS": "3"}
+    # the global steps up to fact_blocks, at three shards, to learn each shard's size
+    runtime = _runtime(home, 3)
+    for stage in catalog.GLOBAL[: catalog.GLOBAL.index(catalog.stage("fact_blocks")) + 1]:
+        for shard in stale_work(runtime, stage):
+            run_global(runtime, stage, None if shard == "*" else shard)
+    version = store.stamp(store.global_path("fact_blocks")).version
+    sizes = {shard: shard_input(store, catalog.stage("candidate_ranks"), shard, {"fact_blocks": version})[1]
+             for shard in ("00", "01", "02")}
+    biggest = max(sizes, key=sizes.get)
+    assert sum(size == sizes[biggest] for size in sizes.values()) == 1, sizes
+    limit = PROCESS_BASE + int(SHARD_MEMORY_FACTOR * sorted(sizes.values())[-2]) + 1
+
+    failed = run_tkg(home, "build", env={**env, "TKG_MEMORY_LIMIT": f"{limit}B"})
+    assert failed.returncode != 0
+    assert f"candidate_ranks shard {biggest} is too big" in failed.stderr + failed.stdout
+    assert "TKG_SHARDS" in failed.stderr + failed.stdout
+    assert _digest(home / "tkg.duckdb") == published  # the last good graph stays published
+    ranks = {shard: home / "parquet" / "candidate_ranks" / f"shard={shard}" / "candidate_ranks.parquet" for shard in sizes}
+    assert ranks[biggest].stat().st_mtime_ns < published_at  # not written: still the 8-shard build's
+    others = {shard: path.stat().st_mtime_ns for shard, path in ranks.items() if shard != biggest}
+    assert all(mtime > published_at for mtime in others.values())  # the two other shards ran and are kept
+
+    run_tkg(home, "build", env=env, check=True)
+    assert {shard: ranks[shard].stat().st_mtime_ns for shard in others} == others  # not run again
+    assert ranks[biggest].stat().st_mtime_ns > published_at
+    assert _digest(home / "tkg.duckdb") != published
+    assert store.read(store.global_path("invalidated_events", "event_invalidations")).num_rows > 0
+
+
+def test_a_memory_setting_that_is_not_a_size_is_named(tmp_path):
+    completed = run_tkg(tmp_path / "home", "build", env={"TKG_MEMORY_LIMIT": "4 gigs"})
+    assert completed.returncode != 0
+    assert "TKG_MEMORY_LIMIT='4 gigs' is not a size; give one like 4GB" in completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert not (tmp_path / "home" / "parquet").exists()  # nothing was built

@@ -1,0 +1,133 @@
+"""What the store holds, without opening every file: a manifest of the files' stamps.
+
+Every Parquet file carries its stamp (tkg.core.versions): that stays the truth. Reading them
+all costs one open per file, 112,000 files at 5M events. The manifest (`_manifest/stamps.parquet`
+under the store's root) keeps each file's stamp beside its size and modification time. A
+reader lists the folders it asks about (one listing each, no file opened), takes the stamps
+of unchanged files from the manifest and reads the footers of new or changed files only, then
+rewrites the manifest if it learned anything.
+
+Writers never touch the manifest, so builds running side by side never race on it: a file
+written after the manifest was is simply read again, and two readers that both rewrite it
+each write a true snapshot. A file is "unchanged" when its size and modification time are;
+a file rewritten within the same clock tick to exactly the same size would be missed, which
+the store's atomic replace (a new file, a new inode, a new time) makes practically impossible
+on local disks; object stores give one-second times, so there size and time both must match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from tkg.core.versions import Stamp
+from tkg.store.parquet import ParquetStore
+
+MANIFEST = "_manifest/stamps.parquet"
+_SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64()), ("stamp", pa.string())])
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A file of the store with its stamp."""
+
+    path: str  # relative to the store's root, '/'-separated
+    stamp: Stamp | None
+
+
+def _mtime_ns(info: pafs.FileInfo) -> int:
+    if info.mtime_ns is not None:
+        return int(info.mtime_ns)
+    return int(info.mtime.timestamp() * 1e9) if info.mtime is not None else -1
+
+
+def stamped_files(store: ParquetStore, folders: list[str], wanted: Callable[[str], bool] = lambda path: True) -> list[Listed]:
+    """Every Parquet file under `folders` (relative to the store's root) whose path is `wanted`,
+    with its stamp, sorted by path. Footers are read only for files the manifest does not know
+    in their current size and time; the manifest is rewritten when it learned something."""
+    prefix = str(store.parquet_root) + "/"
+    found: dict[str, tuple[int, int]] = {}
+    for folder in folders:
+        selector = pafs.FileSelector(str(store.parquet_root / folder), recursive=True, allow_not_found=True)
+        for info in store.filesystem.get_file_info(selector):
+            name = info.path.rsplit("/", 1)[-1]
+            relative = info.path.removeprefix(prefix)
+            if info.type == pafs.FileType.File and name.endswith(".parquet") and not name.startswith(".") and wanted(relative):
+                found[relative] = (int(info.size or 0), _mtime_ns(info))
+    known = _read_manifest(store)
+    stamps: dict[str, Stamp | None] = {}
+    learned = False
+    for path, (size, mtime) in found.items():
+        entry = known.get(path)
+        if entry is not None and entry[0] == size and entry[1] == mtime:
+            stamps[path] = entry[2]
+        else:
+            stamps[path] = store.stamp(_absolute(store, path))
+            known[path] = (size, mtime, stamps[path])
+            learned = True
+    listed_folders = tuple(folder.rstrip("/") + "/" for folder in folders)
+    gone = [path for path in known if path.startswith(listed_folders) and path not in found]
+    for path in gone:
+        del known[path]
+    if learned or gone:
+        _write_manifest(store, known)
+    return [Listed(path, stamps[path]) for path in sorted(found)]
+
+
+def scan(store: ParquetStore, connection: Any, files: list[PurePath]) -> Any:
+    """`store.relation` over `files`, told the files are uniform when the manifest knows every
+    one of them written with the same columns (their stamps' schema fingerprints), as every
+    partition of a stage written by one tkg is."""
+    known = _read_manifest(store)
+    prefix = str(store.parquet_root) + "/"
+    schemas = set()
+    for path in files:
+        entry = known.get(str(path).removeprefix(prefix))
+        schemas.add(entry[2].schema if entry is not None and entry[2] is not None else "")
+    return store.relation(connection, files, uniform=len(schemas) == 1 and "" not in schemas)
+
+
+def _absolute(store: ParquetStore, relative: str) -> PurePath:
+    return store.parquet_root / relative
+
+
+# The last manifest this process read, by its file's path, size and time: 100,000 stamps are
+# parsed once, not at every scan.
+_LAST_READ: dict[str, tuple[tuple[int, int], dict[str, tuple[int, int, Stamp | None]]]] = {}
+
+
+def _read_manifest(store: ParquetStore) -> dict[str, tuple[int, int, Stamp | None]]:
+    path = _absolute(store, MANIFEST)
+    info = store.filesystem.get_file_info(str(path))
+    if info.type != pafs.FileType.File:
+        return {}
+    identity = (int(info.size or 0), _mtime_ns(info))
+    cached = _LAST_READ.get(str(path))
+    if cached is not None and cached[0] == identity:
+        return dict(cached[1])
+    try:
+        table = store.read(path)
+    except (FileNotFoundError, OSError, pa.ArrowInvalid):  # unreadable: rebuilt from the files
+        return {}
+    if table.schema.names != _SCHEMA.names:
+        return {}
+    known = {row["path"]: (row["size"], row["mtime_ns"], Stamp.from_json(row["stamp"]) if row["stamp"] else None)
+             for row in table.to_pylist()}
+    _LAST_READ.clear()
+    _LAST_READ[str(path)] = (identity, known)
+    return dict(known)
+
+
+def _write_manifest(store: ParquetStore, known: dict[str, tuple[int, int, Stamp | None]]) -> None:
+    rows = sorted(known.items())
+    table = pa.table({
+        "path": [path for path, _ in rows], "size": [entry[0] for _, entry in rows],
+        "mtime_ns": [entry[1] for _, entry in rows],
+        "stamp": [entry[2].to_json() if entry[2] is not None else None for _, entry in rows],
+    }, schema=_SCHEMA)
+    store.write(_absolute(store, MANIFEST), table)
