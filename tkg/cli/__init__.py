@@ -2,7 +2,7 @@
 tkg.cli.app, the commands that build the graph in tkg.cli.building, the ones that read it in
 tkg.cli.answers."""
 
-from tkg.cli import answers, building  # noqa: F401 - registers their commands on the app
+from tkg.cli import answers, building, exploring  # noqa: F401 - registers their commands on the app
 from tkg.cli.app import app
 
 __all__ = ["app"]
