@@ -257,8 +257,10 @@ class Views:
         return page(request, "call.html", call=rows[0], statements=statements)
 
     def _company(self, graph, ticker: str) -> dict[str, Any]:
-        rows = graph.rows("SELECT company, any_value(company_name) AS name FROM transcripts WHERE company = $t GROUP BY company",
-                          {"t": ticker})
+        # The registry's legal name (the one offices are held at) when the graph has the company's entity.
+        rows = graph.rows("SELECT t.company, coalesce(any_value(c.name), any_value(t.company_name)) AS name "
+                          "FROM transcripts AS t LEFT JOIN canonical_entities AS c ON c.canonical_id = 'cmp_' || t.company "
+                          "WHERE t.company = $t GROUP BY t.company", {"t": ticker})
         if not rows:
             raise NotFound(f"no calls of a company {ticker!r} in this graph; the index lists the companies it holds")
         return rows[0]
@@ -427,6 +429,9 @@ def _fact_label(row: dict[str, Any], match: EntityMatch) -> str:
     value = f" = {row['value']}" if row["value"] else ""
     if row["subject_id"] == match.canonical_id:
         return f"{predicate} {row['object'] or ''}{value}".strip()
+    suffix = f" of {match.name}"
+    if predicate == "HOLDS_ROLE" and (row["object"] or "").endswith(suffix):  # an office at this company
+        return f"{row['subject']}: {row['object'][: -len(suffix)]}"
     return f"{row['subject']} {predicate} {row['object'] or ''}{value}".strip()
 
 

@@ -98,7 +98,7 @@ def timeline(bars: list[Bar], as_of: datetime | None, last_seen: datetime) -> Ma
         x1 = axis.x(bar.start)
         x2 = axis.x(bar.end) if bar.end else axis.right
         parts.append(f'<text class="label" x="{LABEL_WIDTH - 8}" y="{y + 15}" text-anchor="end">'
-                     f'{escape(short(bar.label, 52))}</text>')
+                     f'{escape(short(bar.label, 46))}</text>')
         open_end = "" if bar.end else " open"
         parts.append(f'<a class="bar {bar.css}{open_end}" href="{escape(bar.href)}" data-fact="{escape(bar.fact_id)}" '
                      f'data-label="{escape(bar.label)}"><title>{escape(bar.title)}</title>'
@@ -120,7 +120,7 @@ def steps(points: list[tuple[datetime, float, str]], actual: float | None, as_te
         return Markup("")
     width, height, left, right, top, bottom = 420, 150, 70, 410, 12, 124
     values = [p[1] for p in points] + ([actual] if actual is not None else [])
-    low, high = min(values), max(values)
+    low, high = smallest, largest = min(values), max(values)
     if high == low:
         low, high = low - abs(low) * 0.05 - 1e-9, high + abs(high) * 0.05 + 1e-9
     pad = (high - low) * 0.15
@@ -150,7 +150,7 @@ def steps(points: list[tuple[datetime, float, str]], actual: float | None, as_te
         parts.append(f'<line class="actual" x1="{left}" x2="{right}" y1="{y(actual):.1f}" y2="{y(actual):.1f}"/>')
         parts.append(f'<text class="actual-label" x="{right}" y="{y(actual) - 4:.1f}" text-anchor="end">actual '
                      f'{escape(as_text(actual))}</text>')
-    for value in (low + pad, high - pad):
+    for value in sorted({smallest, largest}):
         parts.append(f'<text class="tick" x="{left - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{escape(as_text(value))}</text>')
     parts.append("</svg>")
     return Markup("".join(parts))
