@@ -94,9 +94,44 @@ def command(function: Callable) -> Callable:
 
 HOME_OPTION = Annotated[Optional[Path], typer.Option(
     "--home", metavar="DIR", help="Data folder (Parquet, caches, tkg.duckdb, Dagster runs). Default: $TKG_HOME or ./tkg_data")]
-SOURCE_OPTION = Annotated[str, typer.Option(
+SOURCE_OPTION = Annotated[Optional[str], typer.Option(
     metavar="SOURCE", help="'sample' (bundled), a .parquet/.jsonl/.csv file with company,date,transcript, or 'hf' "
-                           "for jlh-ibm/earnings_call")]
+                           "for jlh-ibm/earnings_call. Default: $TKG_SOURCE, else the source this data folder was last "
+                           "built from (built_from.json), else 'sample'")]
+BUILT_FROM = "built_from.json"  # in the data folder: the source its graph was last built from
+
+
+def remember_source(home: Path, source: str) -> None:
+    """Record what `home` was built from, so status, remove, dev and the next build compare
+    against the same source rather than the bundled sample."""
+    import json
+
+    from tkg.ingest.sources import source_path
+
+    path = source_path(source)
+    recorded = source if path is None or source in ("", "sample") else str(path.resolve())
+    temporary = home / f".{BUILT_FROM}.{os.getpid()}"
+    temporary.write_text(json.dumps({"source": recorded}) + "\n")
+    os.replace(temporary, home / BUILT_FROM)
+
+
+def chosen_source(home: Path | None, source: str | None) -> str | None:
+    """--source if given; else None when TKG_SOURCE is set (Settings reads it); else the source
+    the data folder was last built from; else None (the bundled sample)."""
+    import json
+
+    from tkg.settings import Settings
+
+    if source is not None or os.environ.get("TKG_SOURCE"):
+        return source
+    record = Settings.resolve(home=home).home / BUILT_FROM
+    try:
+        remembered = json.loads(record.read_text())["source"]
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"{record} is not what tkg writes; delete it, or pass --source") from None
+    return str(remembered)
 COMPANY_OPTION = Annotated[Optional[list[str]], typer.Option("--company", "-c", metavar="TICKER", help="Only these tickers (repeatable)")]
 
 

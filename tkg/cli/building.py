@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,9 +39,11 @@ from tkg.cli.app import (
     SOURCE_OPTION,
     UsageError,
     app,
+    chosen_source,
     command,
     console,
     parse_date,
+    remember_source,
     state,
 )
 from tkg.core.machine import usable_cores
@@ -73,7 +76,7 @@ def auto_workers(plan, loaded, settings: Settings) -> int:
 @app.command()
 @command
 def build(
-    source: SOURCE_OPTION = "sample",
+    source: SOURCE_OPTION = None,
     company: COMPANY_OPTION = None,
     since: Annotated[Optional[str], typer.Option(metavar="DATE", help="Only calls on or after this date (YYYY-MM-DD)")] = None,
     until: Annotated[Optional[str], typer.Option(metavar="DATE", help="Only calls on or before this date (YYYY-MM-DD)")] = None,
@@ -92,7 +95,7 @@ def build(
     if first and last and first > last:
         raise UsageError(f"--since {since} is after --until {until}; swap them")
     wanted = _check_companies(company)
-    settings = Settings.resolve(home=home, source=source, allow_partial=allow_partial or None)
+    settings = Settings.resolve(home=home, source=chosen_source(home, source), allow_partial=allow_partial or None)
     with _exclusive(settings):
         _build(settings, wanted, first, last, workers, force)
 
@@ -122,6 +125,7 @@ def _build(settings: Settings, wanted: set[str], first: date | None, last: date 
         console.print(f"[yellow]{partition[0]}|{partition[1].isoformat()} kept as built: a source row of it cannot be read[/]")
     skipped = bool(loaded.problems)
     if plan.up_to_date:
+        remember_source(settings.home, source)
         console.print(f"up to date: {len(plan.current)} partition(s) of {describe(source)} and {settings.warehouse}")
         raise typer.Exit(EXIT_SKIPPED if skipped else 0)
 
@@ -157,6 +161,7 @@ def _build(settings: Settings, wanted: set[str], first: date | None, last: date 
             console.print(f"[red]the global steps failed, {settings.warehouse} keeps its last good contents: {error}[/]")
             raise typer.Exit(EXIT_FAILED)
         report.status = "published"
+        remember_source(settings.home, source)
     finally:
         report.write(settings.home / "last_build.json")
     partial = _print_counts(settings.warehouse)
@@ -338,7 +343,7 @@ def _check_companies(company: list[str] | None) -> set[str]:
 @app.command()
 @command
 def status(
-    source: SOURCE_OPTION = "sample",
+    source: SOURCE_OPTION = None,
     company: COMPANY_OPTION = None,
     home: HOME_OPTION = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object, for scripts")] = False,
@@ -346,7 +351,7 @@ def status(
     """What is built, stale or missing, per company and quarter, and whether tkg.duckdb is current."""
     import json
 
-    settings = Settings.resolve(home=home, source=source)
+    settings = Settings.resolve(home=home, source=chosen_source(home, source))
     loaded, selection, plan = _plan(settings, _check_companies(company))
     rows: list[dict] = []
     for partition in plan.current:
@@ -396,7 +401,7 @@ def _quarter_argument(value: str) -> date:
 def remove(
     company: Annotated[str, typer.Argument(metavar="COMPANY", help="Ticker, e.g. AMD")],
     quarter: Annotated[str, typer.Argument(metavar="QUARTER", help="2017Q1, or any date in the quarter")],
-    source: SOURCE_OPTION = "sample",
+    source: SOURCE_OPTION = None,
     home: HOME_OPTION = None,
 ) -> None:
     """Delete one partition's outputs and republish the graph without it: facts that only its
@@ -405,7 +410,8 @@ def remove(
     from tkg.core.partitions import key_of
     from tkg.ingest.sources import describe, load_source
 
-    settings = Settings.resolve(home=home, source=source)
+    settings = Settings.resolve(home=home, source=chosen_source(home, source))
+    source = settings.source
     partition = (company.strip().upper(), _quarter_argument(quarter))
     key = key_of(*partition)
     store = settings.store()
@@ -469,11 +475,36 @@ def dev(
     open_instance(settings.dagster_home).dispose()
     project = PACKAGE_DIR.parent
     environment = {**os.environ, "DAGSTER_HOME": str(settings.dagster_home), "TKG_HOME": str(settings.home)}
-    if (project / "pyproject.toml").exists() and shutil.which("dg"):
+    remembered = chosen_source(home, None)
+    if remembered is not None:  # the UI's partitions are those of the source this folder was built from
+        environment["TKG_SOURCE"] = remembered
+    # Programs beside the running Python come first: `.venv/bin/tkg dev` (or a pipx install)
+    # works without activating the environment, for dg and for the dagster processes it starts.
+    environment["PATH"] = os.pathsep.join([str(scripts_folder()), environment.get("PATH", "")]).rstrip(os.pathsep)
+    dg_program = program("dg")
+    if (project / "pyproject.toml").exists() and dg_program:
         # A source checkout: dg finds the code location in pyproject.toml ([tool.dg]).
         os.chdir(project)
-        os.execvpe("dg", ["dg", "dev", "--port", str(port), "--host", host], environment)
+        os.execve(dg_program, [dg_program, "dev", "--port", str(port), "--host", host], environment)
+    dagster_program = program("dagster")
+    if dagster_program is None:
+        raise UsageError(f"neither dg nor dagster is installed beside {sys.executable} or on PATH; "
+                         "install tkg's dependencies (pip install -e .) into that environment")
     # An installed wheel has no project folder: point Dagster at the module instead.
-    os.execvpe("dagster", ["dagster", "dev", "-m", "tkg_assets.definitions", "-p", str(port), "-h", host], environment)
+    os.execve(dagster_program, [dagster_program, "dev", "-m", "tkg_assets.definitions", "-p", str(port), "-h", host],
+              environment)
 
 
+def scripts_folder() -> Path:
+    """Where the running Python's environment keeps its programs (not resolved: a venv's python
+    is a link to the system's, and its programs sit beside the link)."""
+    return Path(sys.executable).parent
+
+
+def program(name: str) -> str | None:
+    """A program of this environment: beside the running Python first, then on PATH. Every
+    command that starts another program finds it this way."""
+    beside = scripts_folder() / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name)

@@ -287,7 +287,8 @@ class Views:
             held = start <= moment and (end is None or end > moment)
             label = f"{row['role']}: {row['person']}"
             bars.append(svg.Bar(label=label, start=start, end=end, href=f"/entity/{row['person_id']}",
-                                title=f"{label} from {row['started_at']:%Y-%m-%d}", css="held" if held else "past",
+                                title=f"{label} from {row['started_at']:%Y-%m-%d}",
+                                css="held" if held else ("later" if start > moment else "past"),
                                 retired_href=f"/statement/{row['ended_by']}" if row["ended_by"] else None,
                                 retired_title=f"ended by: {row['ended_by_statement']}" if row["ended_by"] else None))
         officers = svg.timeline(bars, moment, svg.moment(last) if last else moment)
@@ -348,18 +349,25 @@ class Views:
         center = svg.Node(match.canonical_id, match.name, match.type, None)
         nodes: dict[str, svg.Node] = {}
         edges = []
+        office_suffix = f" of {match.name}"
+
+        def add(node_id: str | None, name: str | None, kind: str | None) -> None:
+            if node_id and node_id != match.canonical_id and node_id not in nodes and name:
+                nodes[node_id] = svg.Node(node_id, name, kind or "Entity", url(f"/subgraph/{node_id}", as_of=day.isoformat()))
+
         for row in facts:
-            for side in ("subject", "object"):
-                node_id, name = row[f"{side}_id"], row[side]
-                if node_id and node_id != match.canonical_id and node_id not in nodes and name:
-                    nodes[node_id] = svg.Node(node_id, name, row[f"{side}_type"] or "Entity",
-                                              url(f"/subgraph/{node_id}", as_of=day.isoformat()))
-            source = row["subject_id"] or row["subject"]
-            target = row["object_id"] or match.canonical_id
-            label = row["predicate"] + (f" = {row['value']}" if row["value"] else "")
-            if row["subject_id"] != match.canonical_id and row["object_id"] != match.canonical_id:
-                target = match.canonical_id  # an office at this company: its holder links to the company
-            edges.append(svg.Edge(source, target, label))
+            value = f" = {row['value']}" if row["value"] else ""
+            if row["predicate"] == "HOLDS_ROLE" and row["subject_id"] != match.canonical_id \
+                    and (row["object"] or "").endswith(office_suffix):
+                # an office at this entity: its holder, linked straight to it, labelled with the office
+                add(row["subject_id"], row["subject"], row["subject_type"])
+                edges.append(svg.Edge(match.canonical_id, row["subject_id"], row["object"][: -len(office_suffix)]))
+                continue
+            add(row["subject_id"], row["subject"], row["subject_type"])
+            add(row["object_id"], row["object"], row["object_type"])
+            other = row["object_id"] if row["subject_id"] == match.canonical_id else row["subject_id"]
+            if other:
+                edges.append(svg.Edge(match.canonical_id, other, row["predicate"] + value))
         figures = []
         companies = {r["company"] for r in graph.rows("SELECT DISTINCT company FROM transcripts")}
         ticker = _ticker(match.canonical_id, companies)

@@ -174,15 +174,18 @@ class Edge:
 def subgraph(center: Node, nodes: list[Node], edges: list[Edge]) -> Markup:
     """The entity in the middle, its neighbours on a circle (figures on an outer ring), each edge
     labelled with its predicate and value."""
-    width, height = 1100, 760
+    width, height = 1300, 820
     cx, cy = width / 2, height / 2
     inner = [n for n in nodes if n.kind != "figure"]
     outer = [n for n in nodes if n.kind == "figure"]
     where = {center.key: (cx, cy)}
-    for ring, radius in ((inner, 230), (outer, 330)):
+    # Two rings (entities, then figures) on ellipses as wide as the labels are long; every other
+    # node of a ring sits a little further in, so neighbouring labels do not overlap.
+    for ring, (rx, ry), turn in ((inner, (330, 215), 0.0), (outer, (505, 350), 0.5)):
         for index, node in enumerate(ring):
-            angle = 2 * math.pi * index / max(len(ring), 1) - math.pi / 2 + (0.3 if ring is outer else 0)
-            where[node.key] = (cx + radius * 1.35 * math.cos(angle), cy + radius * math.sin(angle))
+            angle = 2 * math.pi * (index + turn) / max(len(ring), 1) - math.pi / 2
+            scale = 1.0 if index % 2 == 0 or len(ring) < 8 else 0.8
+            where[node.key] = (cx + rx * scale * math.cos(angle), cy + ry * scale * math.sin(angle))
     parts = [f'<svg class="subgraph" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
              f'aria-label="subgraph">']
     for edge in edges:
@@ -190,8 +193,13 @@ def subgraph(center: Node, nodes: list[Node], edges: list[Edge]) -> Markup:
             continue
         (x1, y1), (x2, y2) = where[edge.source], where[edge.target]
         parts.append(f'<line class="edge" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}"/>')
-        parts.append(f'<text class="edge-label" x="{(x1 + x2) / 2:.1f}" y="{(y1 + y2) / 2 - 3:.1f}" text-anchor="middle">'
-                     f'{escape(short(edge.label, 40))}</text>')
+    for edge in edges:  # labels over every line, near the outer end where the lines are apart
+        if edge.source not in where or edge.target not in where:
+            continue
+        (x1, y1), (x2, y2) = where[edge.source], where[edge.target]
+        lx, ly = x1 + (x2 - x1) * 0.62, y1 + (y2 - y1) * 0.62
+        parts.append(f'<text class="edge-label" x="{lx:.1f}" y="{ly - 3:.1f}" text-anchor="middle">'
+                     f'{escape(short(edge.label, 34))}</text>')
     for node in [center, *nodes]:
         x, y = where[node.key]
         text = escape(short(node.label, 38))

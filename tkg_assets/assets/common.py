@@ -22,6 +22,13 @@ OWNERS = ["team:tkg"]
 PARTITIONED_BACKFILL = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
 RUN_PID_TAG, RUN_HOST_TAG = "tkg/pid", "tkg/host"
 # Calls come every quarter: a company's partitions are overdue 100 days after the last one.
+# Said on every partitioned asset, for the newcomer who reads "16 missing of 24" as a failed build.
+PARTITION_NOTE = (
+    "\n\n**Why later quarters are empty.** Partitions run from the quarter of the source's first call "
+    "to the quarter under way (today's), so a call that arrives next has a partition to land in. "
+    "Quarters after the source's last call stand empty until the source has calls for them: they are "
+    "not failed builds. `tkg status` counts only the quarters the source covers."
+)
 PARTITION_FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=timedelta(days=100), warn_window=timedelta(days=95))
 
 

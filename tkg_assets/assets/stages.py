@@ -19,6 +19,7 @@ from tkg.ingest.sources import load_source
 from tkg_assets.assets.common import (
     OWNERS,
     PARTITION_FRESHNESS,
+    PARTITION_NOTE,
     PARTITIONED_BACKFILL,
     definition_metadata,
     runtime_of,
@@ -31,7 +32,8 @@ from tkg_assets.partitions import partition_of
 
 def _partitioned_asset(stage: Stage, partitions_def: dg.PartitionsDefinition, code_versions: dict[str, str]):
     @dg.asset(name=stage.name, partitions_def=partitions_def, group_name=stage.group, kinds={"python", "parquet"},
-              owners=OWNERS, deps=list(stage.inputs), code_version=code_versions[stage.name], description=stage.description,
+              owners=OWNERS, deps=list(stage.inputs), code_version=code_versions[stage.name],
+              description=stage.description + PARTITION_NOTE,
               metadata=definition_metadata(stage), backfill_policy=PARTITIONED_BACKFILL,
               freshness_policy=PARTITION_FRESHNESS, pool=LLM_POOL if stage.calls_provider else None)
     def stage_asset(context: dg.AssetExecutionContext, storage: TkgStorage, source: TranscriptSource,
