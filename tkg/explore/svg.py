@@ -174,17 +174,25 @@ class Edge:
 def subgraph(center: Node, nodes: list[Node], edges: list[Edge]) -> Markup:
     """The entity in the middle, its neighbours on a circle (figures on an outer ring), each edge
     labelled with its predicate and value."""
-    width, height = 1300, 820
+    width, height = 1300, 860
     cx, cy = width / 2, height / 2
+    merged: dict[tuple[str, str], list[str]] = {}
+    for edge in edges:  # one line per pair of nodes, its labels joined (an officer's several offices)
+        labels = merged.setdefault((edge.source, edge.target), [])
+        if edge.label not in labels:
+            labels.append(edge.label)
+    edges = [Edge(source, target, ", ".join(labels)) for (source, target), labels in merged.items()]
+    order = {"person": 0, "role": 1, "organization": 2}
+    nodes = sorted(nodes, key=lambda n: (order.get(n.kind.lower(), 3), n.label))
     inner = [n for n in nodes if n.kind != "figure"]
     outer = [n for n in nodes if n.kind == "figure"]
     where = {center.key: (cx, cy)}
     # Two rings (entities, then figures) on ellipses as wide as the labels are long; every other
     # node of a ring sits a little further in, so neighbouring labels do not overlap.
-    for ring, (rx, ry), turn in ((inner, (330, 215), 0.0), (outer, (505, 350), 0.5)):
+    for ring, (rx, ry), turn in ((inner, (360, 240), 0.0), (outer, (520, 375), 0.5)):
         for index, node in enumerate(ring):
             angle = 2 * math.pi * (index + turn) / max(len(ring), 1) - math.pi / 2
-            scale = 1.0 if index % 2 == 0 or len(ring) < 8 else 0.8
+            scale = 1.0 if index % 2 == 0 or len(ring) < 8 else 0.78
             where[node.key] = (cx + rx * scale * math.cos(angle), cy + ry * scale * math.sin(angle))
     parts = [f'<svg class="subgraph" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
              f'aria-label="subgraph">']
