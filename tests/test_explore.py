@@ -275,6 +275,7 @@ def test_a_bar_leads_to_its_statement_speaker_and_call(page, server, db, tmp_pat
     page.wait_for_url("**/call/**")
     assert call_date.isoformat() in page.locator("h1").inner_text()
     assert page.locator(f"a[href='/statement/{event_id}']").count() == 1
+    screenshot(page, tmp_path, "call")
 
 
 def test_the_subgraph_draws_the_entity_its_neighbours_and_figures(page, server, db, tmp_path):
