@@ -1,6 +1,6 @@
 """The `tkg` command's application: its options, its errors and exit statuses. The commands
-live in tkg.cli.building (build, status, remove, dev) and tkg.cli.answers (sql, ask, facts,
-timeline, export).
+live in tkg.cli.building (build, status, remove, dev), tkg.cli.answers (sql, ask, facts,
+timeline, export) and tkg.cli.exploring (explore).
 
 Exit status: 0 done; 1 something could not be built (what was built before is kept, and
 tkg.duckdb is not replaced by a worse one); 2 a usage mistake (the message names the fix);

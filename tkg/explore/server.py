@@ -7,6 +7,7 @@ an unknown id or a malformed value is a 4xx page saying what to change, never a 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from datetime import date, datetime, time, timezone
 from pathlib import Path
@@ -127,12 +128,17 @@ def end_of(day: date) -> datetime:
 # --- views ---------------------------------------------------------------------------------------
 
 
+_opened = threading.local()  # the cursors a request opened, closed when it ends
+
+
 @dataclass
 class Views:
     published: Published
 
     def graph(self):
-        return self.published.graph()
+        graph = self.published.graph()
+        _opened.graphs.append(graph)
+        return graph
 
     def last_call(self, graph) -> date | None:
         return graph.connection.execute("SELECT max(call_date) FROM transcripts").fetchone()[0]
@@ -451,6 +457,9 @@ def create_app(warehouse: Path, build_hint: str | None = None) -> Starlette:
 
     def wrap(handler):
         def endpoint(request: Request) -> Response:
+            # Starlette runs each call of a plain function in a worker thread: the request's
+            # cursors are that thread's until it returns.
+            _opened.graphs = []
             try:
                 return handler(request)
             except BadRequest as error:
@@ -461,6 +470,10 @@ def create_app(warehouse: Path, build_hint: str | None = None) -> Starlette:
                 return page(request, "error.html", 400, title="Cannot answer that", message=str(error))
             except NotPublished as error:
                 return page(request, "error.html", 503, title="No graph to show", message=str(error))
+            finally:
+                for graph in _opened.graphs:
+                    graph.close()
+                _opened.graphs = []
         return endpoint
 
     routes = [
