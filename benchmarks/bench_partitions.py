@@ -52,6 +52,8 @@ QUARTERS = 40
 # 40 quarters ending with the quarter under way (end_offset=1, as tkg's partition space).
 FIRST_QUARTER = "2017-01-01"
 QUERIED = "statements"
+# tkg's partitioned stages (tkg.build.catalog), the ingestion and extraction groups.
+PARTITIONED = ("transcripts", "chunks", "statements", "temporal_events", "triplets", "figures", "entities")
 
 PARTITION_HEALTH_QUERY = """
 query PartitionHealthQuery($assetKey: AssetKeyInput!) {
@@ -74,6 +76,17 @@ query PartitionHealthQuery($assetKey: AssetKeyInput!) {
         }
       }
     }
+  }
+}
+"""
+
+# The part of the asset graph's and overview's live data (AssetNodeLiveFragment) that grows
+# with the partitions: the counts on each node, for every partitioned asset at once.
+PARTITION_STATS_QUERY = """
+query AssetGraphPartitionStats($assetKeys: [AssetKeyInput!]!) {
+  assetNodes(assetKeys: $assetKeys, loadMaterializations: true) {
+    assetKey { path }
+    partitionStats { numMaterialized numMaterializing numPartitions numFailed }
   }
 }
 """
@@ -113,6 +126,7 @@ def bench_defs():
 
     space = partition_space(int(os.environ["TKG_BENCH_COMPANIES"]))
     stages = [s for s in catalog.STAGES if s.partitioned]
+    assert tuple(s.name for s in stages) == PARTITIONED, [s.name for s in stages]
 
     def make(stage):
         @dg.asset(name=stage.name, partitions_def=space, group_name=stage.group, deps=list(stage.inputs),
@@ -256,12 +270,23 @@ def child(companies: int, reps: int, materialized: float, tick: bool, submit: in
             out["asset_page"] = {"runs": page, "median_wall_s": statistics.median(r["wall_s"] for r in page),
                                  "median_cpu_s": statistics.median(r["cpu_s"] for r in page)}
 
+            stats = []
+            for _ in range(reps):
+                context.loaders.clear()
+                result, wall, cpu = _timed(lambda: execute_dagster_graphql(
+                    context, PARTITION_STATS_QUERY, {"assetKeys": [{"path": [n]} for n in PARTITIONED]}))
+                counts = {n["assetKey"]["path"][-1]: n["partitionStats"] for n in result.data["assetNodes"]}
+                stats.append({"wall_s": wall, "cpu_s": cpu, "rss_mb": round(_rss_mb(), 1),
+                              QUERIED: counts[QUERIED]})
+            out["asset_graph_partition_stats"] = {"assets": len(PARTITIONED), "runs": stats,
+                                                  "median_wall_s": statistics.median(r["wall_s"] for r in stats),
+                                                  "median_cpu_s": statistics.median(r["cpu_s"] for r in stats)}
+
             # One quarter, every company: the last whole quarter.
             quarter = space.partitions_defs[1].partitions_def.get_partition_keys()[-2]
             quarter_keys = [k for k in keys if k.endswith("|" + quarter)]
             assert len(quarter_keys) == companies
-            selection = [{"path": [name]} for name in ("transcripts", "chunks", "statements", "temporal_events",
-                                                       "triplets", "figures", "entities")]
+            selection = [{"path": [name]} for name in PARTITIONED]
             launches, ids = [], []
             for _ in range(reps):
                 context.loaders.clear()
@@ -322,8 +347,10 @@ def main() -> None:
         results["sizes"].append(size)
         page, launch = size["asset_page"], size["backfill_launch"]
         tick = size.get("first_tick", {})
+        stats = size["asset_graph_partition_stats"]
         print(f"{size['partitions_per_asset']:>7} partitions: asset page {page['median_wall_s']} s wall "
-              f"({page['median_cpu_s']} s CPU, {page['runs'][0]['response_mb']} MB); one-quarter backfill launch "
+              f"({page['median_cpu_s']} s CPU, {page['runs'][0]['response_mb']} MB); partition stats of the "
+              f"{stats['assets']} assets {stats['median_wall_s']} s ({stats['median_cpu_s']} s CPU); one-quarter backfill launch "
               f"{launch['median_wall_s']} s ({launch['median_cpu_s']} s CPU); first tick "
               f"{tick.get('plan_wall_s')} s to plan {tick.get('runs_planned')} runs, ~{tick.get('submit_s_per_run_median')} s "
               f"to submit each; peak RSS {size['peak_rss_mb']} MB "
