@@ -8,7 +8,7 @@ from datetime import date
 import dagster as dg
 
 from tests.conftest import offline_runtime
-from tkg.build.catalog import PARTITIONED_NAMES
+from tkg.build.catalog import GLOBAL, PARTITIONED_NAMES, stage
 from tkg.ingest.sources import load_source
 from tkg_assets.automation import stale_partition_requests
 from tkg_assets.definitions import defs
@@ -21,8 +21,21 @@ def _requested(result) -> set[str]:
     return {r.key.to_user_string() for r in result.results if r.true_subset.size}
 
 
-def test_global_assets_wait_for_the_whole_partition_then_refresh_together():
+def _materialise(instance, result) -> None:
+    """Record what a tick requested as materialised (each shard of a shard step on its own)."""
+    for requested in result.results:
+        if not requested.true_subset.size:
+            continue
+        if requested.true_subset.is_partitioned:
+            for key in requested.true_subset.expensively_compute_partition_keys():
+                instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=requested.key, partition=key))
+        else:
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=requested.key))
+
+
+def test_global_assets_wait_for_the_whole_partition_then_refresh_as_one_chain_and_publish_once():
     key = str(partition_key("HLIO", date(2024, 7, 1)))
+    global_steps = [stage.name for stage in GLOBAL]
     with dg.instance_for_test() as instance:
         result = dg.evaluate_automation_conditions(defs=defs, instance=instance)
         assert _requested(result) == set()
@@ -32,12 +45,27 @@ def test_global_assets_wait_for_the_whole_partition_then_refresh_together():
         assert _requested(result) == set(), "nothing global may run on a half-ingested partition"
         for asset in PARTITION_STEPS[2:]:
             instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=asset, partition=key))
-        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
-        requested = _requested(result)
-        assert {"canonical_entities", "invalidated_events", "warehouse", "sql/facts", "sql/facts_as_of"} <= requested
-        # nothing new happened: no second refresh
-        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
-        assert _requested(result) == set()
+        # the global steps refresh tick by tick in lineage order (a shard step cannot share a run
+        # with the unpartitioned step it reads), every shard of a shard step at once
+        ticks = []
+        while "warehouse" not in (requested := _requested(result := dg.evaluate_automation_conditions(
+                defs=defs, instance=instance, cursor=result.cursor))):
+            assert requested, f"the chain stopped after {ticks}"
+            ticks.append(requested)
+            _materialise(instance, result)
+        assert sorted(step for tick in ticks for step in tick) == sorted(global_steps)  # each once
+        done = set()
+        for tick in ticks:  # every step after the global steps it reads, or in the same run
+            assert all(set(stage(step).inputs) & set(global_steps) <= done | tick for step in tick), (tick, done)
+            done |= tick
+        assert {"sql/facts", "sql/facts_as_of"} <= requested  # the models refresh in the warehouse's run
+        assert not set(global_steps) & requested
+        # published once, at the end of the chain: nothing global or the warehouse asks again
+        _materialise(instance, result)
+        for _ in range(3):
+            result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
+            assert not ({"warehouse", *global_steps} & _requested(result)), _requested(result)
+            _materialise(instance, result)
 
 
 def test_schedule_requests_only_what_is_stale(tmp_path):
@@ -68,7 +96,7 @@ def test_invalidation_is_never_requested_before_canonical_entities_exists():
     """Issue 17: after a first backfill, automation requested invalidated_events on its own while
     canonical_entities (held back) had never been materialised, and that run failed."""
     key = str(partition_key("HLIO", date(2024, 7, 1)))
-    without_resolution = dg.AssetSelection.groups("resolution", "retention", "warehouse", "sql_models") - \
+    without_resolution = dg.AssetSelection.groups("resolution", "invalidation", "retention", "warehouse", "sql_models") - \
         dg.AssetSelection.assets("canonical_entities")
     with dg.instance_for_test() as instance:
         for asset in PARTITION_STEPS:
@@ -76,8 +104,8 @@ def test_invalidation_is_never_requested_before_canonical_entities_exists():
         # canonical_entities cannot be requested (as when its inputs are still in progress)
         result = dg.evaluate_automation_conditions(defs=defs, instance=instance, asset_selection=without_resolution)
         requested = _requested(result)
-        assert "invalidated_events" not in requested and "warehouse" not in requested, requested
+        assert not {"fact_blocks", "invalidated_events", "warehouse"} & requested, requested
         instance.report_runless_asset_event(dg.AssetMaterialization(asset_key="canonical_entities"))
         result = dg.evaluate_automation_conditions(defs=defs, instance=instance, asset_selection=without_resolution,
                                                    cursor=result.cursor)
-        assert "invalidated_events" in _requested(result)
+        assert "fact_blocks" in _requested(result)  # the invalidation chain starts

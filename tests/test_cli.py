@@ -38,13 +38,14 @@ def test_workers_build_the_same_graph_record_every_partition_and_rebuild_nothing
     assert any(row[7] is not None for row in history)  # the sample's CFO change retires a fact
     assert _history(tmp_path / "two") == history
 
-    # one run built every partition, and Dagster holds each stage of each partition with the
+    # one run built every partition, one refreshed the global steps (each shard on its own
+    # materialisation) and one published; Dagster holds each stage of each partition with the
     # data version stamped in its Parquet file
     home = tmp_path / "two"
     instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
     try:
         runs = {run.job_name: run for run in instance.get_runs()}
-        assert set(runs) == {"build_partitions", "refresh_graph"}
+        assert set(runs) == {"build_partitions", "refresh_graph", "publish_graph"}
         assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs.values())
         # launched like the UI's own runs: in tkg's code location, so the Overview timeline lists them
         assert all(run.tags.get("dagster/code_location") == "tkg" for run in runs.values())
@@ -66,6 +67,6 @@ def test_workers_build_the_same_graph_record_every_partition_and_rebuild_nothing
     assert "up to date" in again.stderr
     instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
     try:
-        assert len(instance.get_runs()) == 2  # no new run
+        assert len(instance.get_runs()) == 3  # no new run
     finally:
         instance.dispose()

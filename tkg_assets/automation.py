@@ -48,7 +48,12 @@ def refresh_after(selection: dg.AssetSelection, label: str) -> dg.AutomationCond
 
 
 # The warehouse publishes once resolution and invalidation have caught up, not after every
-# partition step; SQL models refresh when the warehouse (or a model they select from) does.
-WAREHOUSE_AUTOMATION = refresh_after(dg.AssetSelection.assets(*(stage.name for stage in GLOBAL)),
-                                     "after the global stages (resolution, invalidation, retention)")
+# partition step. The global stages refresh as a chain over several ticks (a shard step cannot
+# share a run with the unpartitioned step before it), so the warehouse also waits while the
+# same tick requests any of them: one publish per chain, at its end, never a half-refreshed graph.
+# SQL models refresh when the warehouse (or a model they select from) does.
+WAREHOUSE_AUTOMATION = (
+    refresh_after(dg.AssetSelection.assets(*(stage.name for stage in GLOBAL)), "")
+    & ~dg.AutomationCondition.any_deps_match(dg.AutomationCondition.will_be_requested())
+).with_label("after the global stages (resolution, invalidation, retention) have all caught up")
 SQL_MODEL_AUTOMATION = refresh_after(dg.AssetSelection.groups("warehouse", "sql_models"), "after the warehouse publishes")
