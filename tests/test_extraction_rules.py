@@ -193,6 +193,16 @@ def _code_versions(**given) -> dict[str, str]:
     return catalog.code_versions(fingerprints(Settings.resolve(**given)))
 
 
+def _invalidation_steps() -> set[str]:
+    """The steps the policy shapes: blocking by predicate group, candidates, the judge and the
+    retirements (the invalidation phase's stages, split into shards since issue 23)."""
+    from tkg.build import catalog
+
+    steps = {stage.name for stage in catalog.STAGES if stage.group == "invalidation"}
+    assert {"fact_blocks", "judged_pairs", "invalidated_events"} <= steps
+    return steps
+
+
 def test_editing_the_vocabulary_changes_code_versions_and_cache_keys(monkeypatch):
     """A new definition marks triplets and invalidation stale and never reuses an old answer;
     the stages it does not shape keep their versions (and their paid-for answers)."""
@@ -206,7 +216,7 @@ def test_editing_the_vocabulary_changes_code_versions_and_cache_keys(monkeypatch
     edited = {**models.PREDICATE_DEFINITIONS, Predicate.SELLS: "The subject offers the object for sale to customers."}
     monkeypatch.setattr(models, "PREDICATE_DEFINITIONS", edited)
     for name, versions in (("offline", _code_versions(backend="offline")), ("llm", _code_versions())):
-        shaped = {"triplets", "invalidated_events"}
+        shaped = {"triplets", *_invalidation_steps()}
         assert all(versions[stage] != before[name][stage] for stage in shaped)
         assert {k: v for k, v in versions.items() if k not in shaped} == {k: v for k, v in before[name].items() if k not in shaped}
     after = {stage: settings_from_env().fingerprint(stage) for stage in fingerprints}
@@ -215,8 +225,8 @@ def test_editing_the_vocabulary_changes_code_versions_and_cache_keys(monkeypatch
 
 
 def test_editing_the_invalidation_policy_changes_only_the_judges_versions(monkeypatch):
-    """Issue 13: the policy (tkg.core.policy) is part of both judges' code version and the LLM
-    judge's cache key; extraction stages keep theirs."""
+    """Issue 13: the policy (tkg.core.policy) is part of the invalidation steps' code versions
+    and the LLM judge's cache key; extraction stages keep theirs."""
     from dataclasses import replace
 
     from tkg.core import policy
@@ -226,10 +236,11 @@ def test_editing_the_invalidation_policy_changes_only_the_judges_versions(monkey
     before = {"offline": _code_versions(backend="offline"), "llm": _code_versions()}
     judge_key = settings_from_env().fingerprint("judge")
     monkeypatch.setattr(policy, "POLICY", replace(policy.POLICY, offices=policy.POLICY.offices | {"CRO"}))
+    shaped = _invalidation_steps()
     for name, versions in (("offline", _code_versions(backend="offline")), ("llm", _code_versions())):
-        assert versions["invalidated_events"] != before[name]["invalidated_events"]
-        assert {k: v for k, v in versions.items() if k != "invalidated_events"} == {
-            k: v for k, v in before[name].items() if k != "invalidated_events"}
+        assert all(versions[stage] != before[name][stage] for stage in shaped)
+        assert {k: v for k, v in versions.items() if k not in shaped} == {
+            k: v for k, v in before[name].items() if k not in shaped}
     assert settings_from_env().fingerprint("judge") != judge_key
     assert "CRO" in policy.POLICY.describe_single_valued()
 
