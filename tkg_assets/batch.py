@@ -15,7 +15,7 @@ shard it ran is recorded as a materialisation. Steps and shards already current 
 a change reruns only what it reaches.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import dagster as dg
 
@@ -32,6 +32,7 @@ from tkg.build.runner import (
 from tkg.build.stages import Runtime, stale_work
 from tkg.core.partitions import parse_key
 from tkg.core.versions import Stamp
+from tkg.settings import Settings
 from tkg_assets.assets.common import stage_metadata, version_tags
 from tkg_assets.partitions import partition_key
 
@@ -53,22 +54,20 @@ class PartitionsToBuild(dg.Config):
     log_level: str = "WARNING"  # of tkg's loggers in the worker processes
 
 
-@dg.op(out={}, description="Rebuild the stale stages of many partitions in worker processes, and record each stage's "
-                   "materialisation as its partition lands.")
-def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToBuild, storage: TkgStorage,
-                           source: TranscriptSource, extraction: ExtractionBackend, progress: dg.ResourceParam[Progress]):
-    tasks = []
-    for key, stages in config.stages.items():
-        company, quarter = parse_key(key)
-        tasks.append(PartitionTask(company, quarter, tuple(stages), config.reasons.get(key, "")))
-    settings = settings_of(storage, source, extraction)
-    context.log.info(f"building {len(tasks)} partition(s) with {config.workers} worker(s); {settings.describe()}")
+def record_partitions(log, settings: Settings, tasks: list[PartitionTask], workers: int, log_level: str = "WARNING",
+                      progress: Progress = no_progress) -> Iterator[dg.AssetMaterialization]:
+    """Build `tasks` with tkg build's worker pool (`workers` processes; one: this process) and
+    yield, as each partition lands, a materialisation of every stage it rebuilt, with the
+    metadata, code version and data version the asset itself records. A partition that fails
+    is logged with its error and leaves its last good output; once the others have landed, a
+    Failure lists them all, so Dagster marks exactly those partitions failed (a ranged run's
+    failed partitions are the ones it planned and did not materialise)."""
     failed: list[PartitionOutcome] = []
-    for outcome in run_partitions(settings.for_workers(config.workers), tasks, config.workers, config.log_level):
+    for outcome in run_partitions(settings.for_workers(workers), tasks, workers, log_level):
         progress(outcome)
         if not outcome.ok:
             failed.append(outcome)
-            context.log.error(f"{outcome.key}: {outcome.error}" + (f"\n{outcome.detail}" if outcome.detail else ""))
+            log.error(f"{outcome.key}: {outcome.error}" + (f"\n{outcome.detail}" if outcome.detail else ""))
             continue
         key = partition_key(outcome.task.company, outcome.task.quarter)
         for report in outcome.reports:
@@ -82,6 +81,19 @@ def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToB
                         + (" ..." if len(failed) > 5 else ""),
             metadata={"failed_partitions": dg.MetadataValue.json({outcome.key: outcome.error for outcome in failed})},
         )
+
+
+@dg.op(out={}, description="Rebuild the stale stages of many partitions in worker processes, and record each stage's "
+                   "materialisation as its partition lands.")
+def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToBuild, storage: TkgStorage,
+                           source: TranscriptSource, extraction: ExtractionBackend, progress: dg.ResourceParam[Progress]):
+    tasks = []
+    for key, stages in config.stages.items():
+        company, quarter = parse_key(key)
+        tasks.append(PartitionTask(company, quarter, tuple(stages), config.reasons.get(key, "")))
+    settings = settings_of(storage, source, extraction)
+    context.log.info(f"building {len(tasks)} partition(s) with {config.workers} worker(s); {settings.describe()}")
+    yield from record_partitions(context.log, settings, tasks, config.workers, config.log_level, progress)
 
 
 @dg.job(description="What `tkg build` runs: the stale partitions of the source, many per run, in worker processes. "

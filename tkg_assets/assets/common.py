@@ -18,8 +18,6 @@ from tkg.core.tables import column_description
 from tkg.core.versions import Stamp
 
 OWNERS = ["team:tkg"]
-# One partition per run: each is independent, retryable and cost-attributable (notes: dagster #28861).
-PARTITIONED_BACKFILL = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
 RUN_PID_TAG, RUN_HOST_TAG = "tkg/pid", "tkg/host"
 # Calls come every quarter: a company's partitions are overdue 100 days after the last one.
 PARTITION_FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=timedelta(days=100), warn_window=timedelta(days=95))
