@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -248,6 +249,35 @@ def corrupt_one_call(source: Path, into: Path) -> tuple[Path, str]:
     return target, key_of(company, quarter_start(called))
 
 
+def extrapolate(results: dict, sizes: tuple[int, ...] = (20_000, 200_000)) -> dict:
+    """On paper, from this run's measured costs: runs and hours of a backfill of `sizes`
+    partitions, one per run against batched, with runs going side by side as the run queue lets
+    them (one per core). A run of one partition costs `one` (the median run of per_run_1: run
+    start-up plus one partition); each further partition of a batched run costs `each` (from the
+    median batched run). The stage work is this run's offline work; with an LLM each partition
+    costs more, the same in both columns."""
+    variants = results["variants"]
+    single = next((v for k, v in variants.items() if k == "per_run_1"), None)
+    batched = next((v for k, v in variants.items() if k.startswith("per_run_") and k != "per_run_1"), None)
+    if not single or not batched or not single["run_seconds"] or not batched["run_seconds"]:
+        return {}
+    per_run = int(next(k for k, v in variants.items() if v is batched).removeprefix("per_run_"))
+    cores = results["machine"]["cpus"] or 1
+    one = statistics.median(single["run_seconds"])
+    targeted = batched["partitions"]["transcripts"]["numPartitionsTargeted"]
+    held = targeted / max(1, batched["backfill_runs"])
+    each = max(0.0, (statistics.median(batched["run_seconds"]) - one) / max(1.0, held - 1))
+    paper = {"run_of_one_partition_s": round(one, 1), "each_further_partition_s": round(each, 2),
+             "runs_side_by_side": cores, "partitions_per_run": per_run}
+    for size in sizes:
+        runs = -(-size // per_run)
+        paper[str(size)] = {
+            "one_per_run": {"runs": size, "hours": round(size * one / cores / 3600, 1)},
+            "batched": {"runs": runs, "hours": round((runs * one + (size - runs) * each) / cores / 3600, 1)},
+        }
+    return paper
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", default="sample", help="'sample' (default) or 'corpus' (the real corpus in ../shared)")
@@ -259,7 +289,14 @@ def main() -> None:
                         help="seconds with no run in progress that end a backfill (the sensor ticks every 30)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the data folders")
+    parser.add_argument("--extrapolate-from", type=Path, help="only add the on-paper figures to a results file")
     args = parser.parse_args()
+    if args.extrapolate_from:
+        results = json.loads(args.extrapolate_from.read_text())
+        results["on_paper"] = extrapolate(results)
+        args.extrapolate_from.write_text(json.dumps(results, indent=1) + "\n")
+        print(json.dumps(results["on_paper"], indent=1))
+        return
     if args.source == "corpus":
         if not CORPUS.exists():
             print(f"SKIPPED: the real corpus is not at {CORPUS}")
@@ -298,6 +335,7 @@ def main() -> None:
         if args.fail_one:
             results["fail_one"] = fail_one(source, scratch, args, params, reference)
             print(f"fail_one: {json.dumps(results['fail_one'])}", flush=True)
+        results["on_paper"] = extrapolate(results)
     finally:
         results["machine"]["load_after"] = os.getloadavg()
         out.parent.mkdir(parents=True, exist_ok=True)

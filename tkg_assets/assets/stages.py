@@ -14,8 +14,9 @@ import dagster as dg
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource, settings_of
 from tkg.build import catalog
 from tkg.build.catalog import Stage
-from tkg.build.runner import PartitionTask, report_of
+from tkg.build.runner import PartitionTask, ShardTask, report_of
 from tkg.build.stages import run_global
+from tkg.core.machine import usable_cores
 from tkg.core.partitions import Partition, key_of, parse_key, sort_key
 from tkg.ingest.sources import load_source
 from tkg_assets.assets.common import (
@@ -76,20 +77,25 @@ def _span(partitions: list[Partition]) -> str:
     return first if first == last else f"{first} .. {last}"
 
 
-# One shard per run: a shard's memory is its own process's, and a failed shard is retried alone.
-SHARD_BACKFILL = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
-
-
 def _shard_asset(stage: Stage, shards_def: dg.PartitionsDefinition, code_versions: dict[str, str]):
+    """A shard stage's asset: a run takes every shard asked for (one request of the automation
+    sensor, or one backfill), each shard in a worker process of its own, so its memory is its
+    own, as `tkg build` runs them. Each shard is recorded as it lands; a failed one is failed
+    alone, and retried alone."""
+
     @dg.asset(name=stage.name, partitions_def=shards_def, group_name=stage.group, kinds={"python", "parquet"},
               owners=OWNERS, deps=list(stage.inputs), code_version=code_versions[stage.name], description=stage.description,
               metadata=definition_metadata(stage), automation_condition=global_automation(stage),
-              backfill_policy=SHARD_BACKFILL, pool=LLM_POOL if stage.counters else None)
+              backfill_policy=dg.BackfillPolicy.single_run(), pool=LLM_POOL if stage.counters else None,
+              output_required=False)  # the shards are recorded one by one
     def stage_asset(context: dg.AssetExecutionContext, storage: TkgStorage, source: TranscriptSource,
-                    extraction: ExtractionBackend) -> dg.MaterializeResult:
-        result = run_global(runtime_of(storage, source, extraction), stage, str(context.partition_key))
-        return dg.MaterializeResult(metadata=stage_metadata(report_of(stage.name, result)),
-                                    data_version=dg.DataVersion(result.stamp.version))
+                    extraction: ExtractionBackend):
+        settings = settings_of(storage, source, extraction)
+        tasks = [ShardTask(stage.name, str(key)) for key in context.partition_keys]
+        workers = max(1, min(usable_cores(), len(tasks)))
+        context.log.info(f"this run holds {len(tasks)} shard(s) of {stage.name}: {', '.join(t.shard for t in tasks)}; "
+                         f"{workers} worker process(es)")
+        yield from record_partitions(context.log, settings, tasks, workers)
 
     return stage_asset
 
