@@ -53,14 +53,23 @@ def test_partitioned_assets_materialise_one_by_one(resources, instance):
 
 
 def materialise_global_half(resources, instance) -> dg.ExecuteInProcessResult:
-    """The global half as the UI runs it: each global asset in one run, each shard asset once per
-    shard, in catalog order; the last result is the warehouse's."""
+    """The global half as the UI runs it: each global asset in one run, each shard asset in one
+    run over all its shards (as the automation sensor asks for them), in catalog order; the
+    last result is the warehouse's."""
     for asset in GLOBAL_ASSETS[:-1]:
-        keys = asset.partitions_def.get_partition_keys() if asset.partitions_def else [None]
-        assert keys != [None] or asset.partitions_def is None
-        for key in keys:
-            result = dg.materialize(GLOBAL_ASSETS, selection=[asset], partition_key=key, resources=resources, instance=instance)
-            assert result.success, (asset.key, key)
+        if asset.partitions_def is None:
+            result = dg.materialize(GLOBAL_ASSETS, selection=[asset], resources=resources, instance=instance)
+            assert result.success, asset.key
+            continue
+        shards = asset.partitions_def.get_partition_keys()
+        result = dg.materialize(GLOBAL_ASSETS, selection=[asset], resources=resources, instance=instance,
+                                tags={"dagster/asset_partition_range_start": shards[0],
+                                      "dagster/asset_partition_range_end": shards[-1]})
+        assert result.success, asset.key
+        # every shard recorded on its own, with its data version
+        landed = result.asset_materializations_for_node(asset.op.name)
+        assert sorted(str(m.partition) for m in landed) == shards, asset.key
+        assert all(m.tags["dagster/data_version"] for m in landed), asset.key
     result = dg.materialize(GLOBAL_ASSETS, selection=[GLOBAL_ASSETS[-1]], resources=resources, instance=instance)
     assert result.success
     return result
