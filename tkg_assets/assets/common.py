@@ -1,4 +1,4 @@
-"""What the asset modules share: ownership, backfill policy, resources to settings, and the
+"""What the asset modules share: ownership, freshness, resources to settings, and the
 metadata of a stage's materialisation.
 
 A partitioned stage's materialisation carries the same metadata and versions whether a
