@@ -10,6 +10,7 @@ import duckdb
 import pytest
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
+from tkg.build.catalog import PARTITIONED_NAMES
 from tkg.settings import Settings
 from tkg.store.checks import CHECKS
 from tkg_assets.definitions import pipeline_assets
@@ -18,7 +19,6 @@ from tkg_assets.partitions import partition_key
 SHARDS = 2  # the global half's shard steps run once per shard
 PARTITIONED_ASSETS, GLOBAL_ASSETS = pipeline_assets(Settings.resolve(source="sample", backend="offline", shards=SHARDS))
 GLOBAL_ASSETS = GLOBAL_ASSETS[:-1]  # without the SQL models
-transcripts, chunks = PARTITIONED_ASSETS[:2]
 
 SAMPLE_KEYS = [partition_key(company, date(2024, month, 1)) for company in ("HLIO", "QNTX") for month in (1, 4, 7, 10)]
 
@@ -40,24 +40,36 @@ def instance(tmp_path):
 
 
 def test_partitioned_assets_materialise_one_by_one(resources, instance):
+    """Each stage's asset alone (the multi-asset subset to it), reading what the ones before wrote."""
     key = partition_key("HLIO", date(2024, 7, 1))
-    for position, asset in enumerate(PARTITIONED_ASSETS):
-        result = dg.materialize(PARTITIONED_ASSETS[: position + 1], selection=[asset], partition_key=key,
-                                resources=resources, instance=instance)
-        assert result.success, asset.key
-        materialization = result.asset_materializations_for_node(asset.op.name)[0]
-        assert materialization.metadata["dagster/row_count"].value > 0, asset.key
+    for stage in PARTITIONED_NAMES:
+        result = dg.materialize(PARTITIONED_ASSETS, selection=[stage], partition_key=key, resources=resources,
+                                instance=instance)
+        assert result.success, stage
+        (materialization,) = result.asset_materializations_for_node("partition_stages")
+        assert materialization.asset_key == dg.AssetKey(stage) and str(materialization.partition) == str(key)
+        assert materialization.metadata["dagster/row_count"].value > 0, stage
+        assert materialization.tags["dagster/data_version"], stage
 
 
 def materialise_global_half(resources, instance) -> dg.ExecuteInProcessResult:
-    """The global half as the UI runs it: each global asset in one run, each shard asset once per
-    shard, in catalog order; the last result is the warehouse's."""
+    """The global half as the UI runs it: each global asset in one run, each shard asset in one
+    run over all its shards (as the automation sensor asks for them), in catalog order; the
+    last result is the warehouse's."""
     for asset in GLOBAL_ASSETS[:-1]:
-        keys = asset.partitions_def.get_partition_keys() if asset.partitions_def else [None]
-        assert keys != [None] or asset.partitions_def is None
-        for key in keys:
-            result = dg.materialize(GLOBAL_ASSETS, selection=[asset], partition_key=key, resources=resources, instance=instance)
-            assert result.success, (asset.key, key)
+        if asset.partitions_def is None:
+            result = dg.materialize(GLOBAL_ASSETS, selection=[asset], resources=resources, instance=instance)
+            assert result.success, asset.key
+            continue
+        shards = asset.partitions_def.get_partition_keys()
+        result = dg.materialize(GLOBAL_ASSETS, selection=[asset], resources=resources, instance=instance,
+                                tags={"dagster/asset_partition_range_start": shards[0],
+                                      "dagster/asset_partition_range_end": shards[-1]})
+        assert result.success, asset.key
+        # every shard recorded on its own, with its data version
+        landed = result.asset_materializations_for_node(asset.op.name)
+        assert sorted(str(m.partition) for m in landed) == shards, asset.key
+        assert all(m.tags["dagster/data_version"] for m in landed), asset.key
     result = dg.materialize(GLOBAL_ASSETS, selection=[GLOBAL_ASSETS[-1]], resources=resources, instance=instance)
     assert result.success
     return result
@@ -86,11 +98,13 @@ def test_full_sample_graph_with_checks(resources, instance):
 
 
 def test_missing_upstream_partition_is_a_clear_error(resources, instance):
-    with pytest.raises(FileNotFoundError, match="materialise `transcripts` for this partition first"):
-        dg.materialize([chunks], partition_key=partition_key("HLIO", date(2024, 7, 1)), resources=resources, instance=instance)
+    with pytest.raises(dg.Failure, match="materialise `transcripts` for this partition first"):
+        dg.materialize(PARTITIONED_ASSETS, selection=["chunks"], partition_key=partition_key("HLIO", date(2024, 7, 1)),
+                       resources=resources, instance=instance)
 
 
 def test_partition_without_a_call_gives_an_empty_table(resources, instance):
-    result = dg.materialize([transcripts], partition_key=partition_key("HLIO", date(2025, 1, 1)), resources=resources, instance=instance)
+    result = dg.materialize(PARTITIONED_ASSETS, selection=["transcripts"], partition_key=partition_key("HLIO", date(2025, 1, 1)),
+                            resources=resources, instance=instance)
     assert result.success
-    assert result.asset_materializations_for_node("transcripts")[0].metadata["dagster/row_count"].value == 0
+    assert result.asset_materializations_for_node("partition_stages")[0].metadata["dagster/row_count"].value == 0

@@ -62,6 +62,15 @@ def size_in_bytes(value: str, variable: str) -> int:
     return int(amount * _UNITS[unit])
 
 
+def _count(value: str | None, default: int, variable: str, meaning: str) -> int:
+    """A positive whole number setting, checked now rather than when a run first uses it."""
+    if not value:
+        return default
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"{variable}={value!r} is not {meaning}; give a whole number of 1 or more")
+    return int(value)
+
+
 def _size(value: str | None, default: str, variable: str) -> str:
     """A memory setting, checked now rather than when a step first uses it."""
     chosen = value or default
@@ -85,6 +94,10 @@ class Settings:
     step_memory: str = "2GB"  # what a global step's DuckDB may hold before it spills to disk (TKG_STEP_MEMORY)
     shards: int = 8  # how many shards the global steps split their blocks into (TKG_SHARDS); results do not depend on it
     memory_limit: str = "4GB"  # the most one global step or shard may hold; past it, it stops with a message (TKG_MEMORY_LIMIT)
+    # A UI backfill's runs: at most this many partitions each, built by this many worker processes
+    # of tkg build's pool (1: in the run's own process). TKG_PARTITIONS_PER_RUN=1 is one run per partition.
+    partitions_per_run: int = 50  # (TKG_PARTITIONS_PER_RUN) ten years of a company's quarters, plus the one under way
+    run_workers: int = 1  # (TKG_RUN_WORKERS) runs already go side by side, one per core (the run queue)
 
     @classmethod
     def resolve(cls, *, home: str | os.PathLike | None = None, warehouse: str | os.PathLike | None = None,
@@ -116,6 +129,9 @@ class Settings:
             step_memory=_size(environ.get("TKG_STEP_MEMORY"), "2GB", "TKG_STEP_MEMORY"),
             memory_limit=_size(environ.get("TKG_MEMORY_LIMIT"), "4GB", "TKG_MEMORY_LIMIT"),
             shards=shards if shards is not None else _shards(environ.get("TKG_SHARDS")),
+            partitions_per_run=_count(environ.get("TKG_PARTITIONS_PER_RUN"), 50, "TKG_PARTITIONS_PER_RUN",
+                                      "a number of partitions per run"),
+            run_workers=_count(environ.get("TKG_RUN_WORKERS"), 1, "TKG_RUN_WORKERS", "a number of worker processes"),
         )
 
     @property

@@ -1,12 +1,12 @@
 """The jobs `tkg build` runs: `build_partitions` rebuilds many partitions in one Dagster run,
 and `refresh_graph` runs the global half (global and shard steps) in another.
 
-The UI materialises one partition per run (each asset a step). For a whole corpus that costs
-Dagster's per-run and per-step overhead 187 times over, so `tkg build` instead runs this one-op
-job: the op builds the stale partitions in worker processes (`tkg.build.runner`) and records, as
-each partition lands, a materialisation of every stage it rebuilt, with the same metadata,
-code version and data version the asset itself would record. The UI shows every partition
-materialised by this run, and staleness agrees between the two paths.
+`tkg build` runs this one-op job: the op builds the stale partitions in worker processes
+(`tkg.build.runner`) and records, as each partition lands, a materialisation of every stage it
+rebuilt, with the same metadata, code version and data version the asset itself would record.
+The UI shows every partition materialised by this run, and staleness agrees between the two
+paths. A UI backfill's runs (the `partition_stages` multi-asset) record their partitions with
+the same `record_partitions`, so a partition looks the same whichever path built it.
 
 `refresh_graph` does the same for the global half: each global step that does not cover its
 inputs runs in the op's process (its set work spills to disk), and each stale shard of a shard
@@ -15,7 +15,7 @@ shard it ran is recorded as a materialisation. Steps and shards already current 
 a change reruns only what it reaches.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import dagster as dg
 
@@ -32,6 +32,7 @@ from tkg.build.runner import (
 from tkg.build.stages import Runtime, stale_work
 from tkg.core.partitions import parse_key
 from tkg.core.versions import Stamp
+from tkg.settings import Settings
 from tkg_assets.assets.common import stage_metadata, version_tags
 from tkg_assets.partitions import partition_key
 
@@ -53,6 +54,41 @@ class PartitionsToBuild(dg.Config):
     log_level: str = "WARNING"  # of tkg's loggers in the worker processes
 
 
+def materialisations(outcome: PartitionOutcome) -> list[dg.AssetMaterialization]:
+    """What the assets themselves would record for a partition's stages, a shard or a global
+    step that landed: metadata, code version and data version."""
+    task = outcome.task
+    partition = partition_key(task.company, task.quarter) if isinstance(task, PartitionTask) else getattr(task, "shard", None)
+    return [dg.AssetMaterialization(asset_key=report.stage, partition=partition, metadata=stage_metadata(report),
+                                    tags=version_tags(catalog.stage(report.stage), Stamp.from_json(report.stamp),
+                                                      report.input_versions))
+            for report in outcome.reports]
+
+
+def record_partitions(log, settings: Settings, tasks: list[PartitionTask] | list[ShardTask], workers: int,
+                      log_level: str = "WARNING", progress: Progress = no_progress) -> Iterator[dg.AssetMaterialization]:
+    """Build `tasks` (partitions, or shards of a shard stage) with tkg build's worker pool
+    (`workers` processes; one: this process) and yield, as each lands, its materialisations.
+    One that fails is logged with its error and leaves its last good output; once the others
+    have landed, a Failure lists them all, so Dagster marks exactly those partitions failed (a
+    ranged run's failed partitions are the ones it planned and did not materialise)."""
+    failed: list[PartitionOutcome] = []
+    for outcome in run_partitions(settings.for_workers(workers), tasks, workers, log_level):
+        progress(outcome)
+        if not outcome.ok:
+            failed.append(outcome)
+            log.error(f"{outcome.key}: {outcome.error}" + (f"\n{outcome.detail}" if outcome.detail else ""))
+            continue
+        yield from materialisations(outcome)
+    if failed:
+        raise dg.Failure(
+            description=f"{len(failed)} of {len(tasks)} partition(s) failed and kept their last good output: "
+                        + "; ".join(f"{outcome.key}: {outcome.error}" for outcome in failed[:5])
+                        + (" ..." if len(failed) > 5 else ""),
+            metadata={"failed_partitions": dg.MetadataValue.json({outcome.key: outcome.error for outcome in failed})},
+        )
+
+
 @dg.op(out={}, description="Rebuild the stale stages of many partitions in worker processes, and record each stage's "
                    "materialisation as its partition lands.")
 def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToBuild, storage: TkgStorage,
@@ -63,25 +99,7 @@ def build_stale_partitions(context: dg.OpExecutionContext, config: PartitionsToB
         tasks.append(PartitionTask(company, quarter, tuple(stages), config.reasons.get(key, "")))
     settings = settings_of(storage, source, extraction)
     context.log.info(f"building {len(tasks)} partition(s) with {config.workers} worker(s); {settings.describe()}")
-    failed: list[PartitionOutcome] = []
-    for outcome in run_partitions(settings.for_workers(config.workers), tasks, config.workers, config.log_level):
-        progress(outcome)
-        if not outcome.ok:
-            failed.append(outcome)
-            context.log.error(f"{outcome.key}: {outcome.error}" + (f"\n{outcome.detail}" if outcome.detail else ""))
-            continue
-        key = partition_key(outcome.task.company, outcome.task.quarter)
-        for report in outcome.reports:
-            yield dg.AssetMaterialization(asset_key=report.stage, partition=key, metadata=stage_metadata(report),
-                                          tags=version_tags(catalog.stage(report.stage), Stamp.from_json(report.stamp),
-                                                            report.input_versions))
-    if failed:
-        raise dg.Failure(
-            description=f"{len(failed)} of {len(tasks)} partition(s) failed and kept their last good output: "
-                        + "; ".join(f"{outcome.key}: {outcome.error}" for outcome in failed[:5])
-                        + (" ..." if len(failed) > 5 else ""),
-            metadata={"failed_partitions": dg.MetadataValue.json({outcome.key: outcome.error for outcome in failed})},
-        )
+    yield from record_partitions(context.log, settings, tasks, config.workers, config.log_level, progress)
 
 
 @dg.job(description="What `tkg build` runs: the stale partitions of the source, many per run, in worker processes. "
@@ -125,10 +143,7 @@ def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, st
         failed = [outcome for outcome in outcomes if not outcome.ok]
         for outcome in outcomes:
             if outcome.ok:
-                (report,) = outcome.reports
-                yield dg.AssetMaterialization(asset_key=stage.name, partition=getattr(outcome.task, "shard", None),
-                                              metadata=stage_metadata(report),
-                                              tags=version_tags(stage, Stamp.from_json(report.stamp), report.input_versions))
+                yield from materialisations(outcome)
         if failed:
             raise dg.Failure(
                 description=f"{stage.name}: {len(failed)} of {len(outcomes)} run(s) failed; the graph keeps its last good "

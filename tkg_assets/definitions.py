@@ -29,13 +29,13 @@ from tkg_assets.partitions import partition_space, shard_space
 
 
 def pipeline_assets(settings: Settings) -> tuple[list, list]:
-    """The partitioned assets (over the source's partition space, with the backend's code
-    versions) and the global ones, from the stage catalog."""
-    assets = stage_assets(partition_space(settings.source), shard_space(settings.shards),
-                          catalog.code_versions(fingerprints(settings)))
-    partitioned = [asset for stage, asset in zip(catalog.STAGES, assets) if stage.partitioned]
-    return partitioned, [*(asset for stage, asset in zip(catalog.STAGES, assets) if not stage.partitioned), warehouse,
-                         sql_models]
+    """The partitioned stages (one multi-asset over the source's partition space, with the
+    backend's code versions, batched as TKG_PARTITIONS_PER_RUN and TKG_RUN_WORKERS say) and the
+    global assets, from the stage catalog."""
+    partition_stages, *global_stages = stage_assets(
+        partition_space(settings.source), shard_space(settings.shards), catalog.code_versions(fingerprints(settings)),
+        settings.partitions_per_run, settings.run_workers)
+    return [partition_stages], [*global_stages, warehouse, sql_models]
 
 
 def executor_from_env() -> dg.ExecutorDefinition | None:

@@ -13,7 +13,7 @@ import dagster as dg
 
 from tkg.build.catalog import shard_keys
 from tkg.core.companies import load_companies
-from tkg.core.partitions import FIRST_QUARTER, Partition, parse_key
+from tkg.core.partitions import FIRST_QUARTER
 from tkg.ingest.sources import SourceError, load_source, source_path
 
 
@@ -40,8 +40,3 @@ def shard_space(shards: int) -> dg.StaticPartitionsDefinition:
 
 def partition_key(company: str, quarter: date) -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({"company": company, "quarter": quarter.isoformat()})
-
-
-def partition_of(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> Partition:
-    """(ticker, quarter start) of the partition being materialised or checked."""
-    return parse_key(str(context.partition_key))

@@ -137,8 +137,12 @@ def build_one(settings: Settings, task: PartitionTask | ShardTask | GlobalTask) 
             result = run_global(_runtime(settings), catalog.stage(task.stage), getattr(task, "shard", None))
             outcome.reports = [report_of(task.stage, result)]
         else:
-            rows = load_source(settings.source).rows_for(task.company, task.quarter)
-            results = build_partition(_runtime(settings), (task.company, task.quarter), set(task.stages), rows)
+            runtime, loaded = _runtime(settings), load_source(settings.source)
+            _refuse_held(runtime, loaded, task)
+            # The task names every stage to rebuild: a plan closes them downstream itself, and a
+            # Dagster run builds exactly the assets it was asked for.
+            results = build_partition(runtime, (task.company, task.quarter), set(task.stages),
+                                      loaded.rows_for(task.company, task.quarter), downstream=False)
             outcome.reports = [report_of(stage, result) for stage, result in results.items()]
     except StageIncomplete as error:
         outcome.error = str(error)
@@ -147,6 +151,21 @@ def build_one(settings: Settings, task: PartitionTask | ShardTask | GlobalTask) 
         outcome.detail = traceback.format_exc()
     outcome.seconds = time.perf_counter() - started
     return outcome
+
+
+def _refuse_held(runtime: Runtime, loaded, task: PartitionTask) -> None:
+    """A partition built before whose source row turned unreadable keeps what it was built from:
+    rebuilding its source stage would drop that call. The plan of `tkg build` holds such
+    partitions itself; a Dagster run asked for them gets this error, naming the row."""
+    partition = (task.company, task.quarter)
+    held = loaded.problem_partitions().get(partition)
+    if not held:
+        return
+    for stage in catalog.PARTITIONED:
+        if stage.outside_inputs and stage.name in task.stages \
+                and runtime.store.is_file(runtime.store.partition_path(stage.name, *partition)):
+            raise StageIncomplete(stage.name, task.key, "a source row of this partition cannot be read ("
+                                  + "; ".join(map(str, held)) + "); fix the row to rebuild it")
 
 
 def _die_with_parent(parent: int) -> None:

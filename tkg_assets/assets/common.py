@@ -1,4 +1,4 @@
-"""What the asset modules share: ownership, backfill policy, resources to settings, and the
+"""What the asset modules share: ownership, freshness, resources to settings, and the
 metadata of a stage's materialisation.
 
 A partitioned stage's materialisation carries the same metadata and versions whether a
@@ -18,8 +18,6 @@ from tkg.core.tables import column_description
 from tkg.core.versions import Stamp
 
 OWNERS = ["team:tkg"]
-# One partition per run: each is independent, retryable and cost-attributable (notes: dagster #28861).
-PARTITIONED_BACKFILL = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
 RUN_PID_TAG, RUN_HOST_TAG = "tkg/pid", "tkg/host"
 # Calls come every quarter: a company's partitions are overdue 100 days after the last one.
 # Said on every partitioned asset, for the newcomer who reads "16 missing of 24" as a failed build.
