@@ -54,7 +54,7 @@ class InvalidationPolicy:
     # by the next call that guides it differently or reports the actual (tkg.invalidate.revisions).
     # The basis is compared within the group: an unstated basis matches either GAAP or non-GAAP.
     guidance_key: tuple[str, ...] = ("company", "metric", "segment", "fiscal_year", "fiscal_quarter", "unit")
-    figure_judge: str = "rules:figure-revisions-1"
+    figure_judge: str = "rules:figure-revisions-2"
     # Two figures state the same value when every bound agrees to this relative tolerance.
     tolerance: float = 1e-9
 

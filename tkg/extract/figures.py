@@ -34,7 +34,7 @@ from tkg.core.models import PERCENT_METRICS, RawFigure
 from tkg.extract.base import DocumentContext
 from tkg.extract.periods import PeriodResolver
 
-FIGURE_RULES_VERSION = "figures-1"
+FIGURE_RULES_VERSION = "figures-2"
 
 # Synonyms, longest first so 'operating expense' wins over 'operating'.
 _SYNONYMS = {
@@ -71,7 +71,7 @@ def _side(prefix: str) -> str:
 AMOUNT = re.compile(
     _side("a") +
     # a range: '$89 billion to $93 billion', '$89 to $93 billion', '41% to 42%', '$43.5-45.5b', 'between X and Y'
-    rf"(?:\s*(?P<joint>-|–|to|and)\s*(?:{_side('b')}|(?P<bplain>{_NUMBER})(?P<bplainscale>{_SCALE})?(?!\d)))?"
+    rf"(?:\s*(?P<joint>-|–|to|and)\s*(?P<bplus>\+\s?)?(?:{_side('b')}|(?P<bplain>{_NUMBER})(?P<bplainscale>{_SCALE})?(?!\d)))?"
     # plus or minus: '$10.5 billion plus or minus 5%', '64% plus or minus 50 basis points'
     rf"(?:,?\s*(?:plus or minus|\+/-|±)\s*(?:(?P<pmcur>{_CURRENCY})\s?)?(?P<pmnum>{_NUMBER})"
     rf"(?P<pmunit>\s?(?:%|percent\b|percentage points?\b|points?\b|basis points?\b|bps\b)|{_SCALE})?)?",
@@ -88,6 +88,11 @@ _GUIDANCE_CUE = re.compile(
     r"rais(?:e|es|ed|ing)|lower(?:s|ed|ing)?|going to|range from|ranging from|be in the range|midpoint|mid-point)\b",
     re.IGNORECASE,
 )
+_PAST_OUTLOOK = re.compile(
+    r"\b(?:(?:in line with|consistent with|above|below|ahead of|exceed(?:ed|ing|s)?|beat(?:ing)?|better than|(?:the )?(?:high|low|top|"
+    r"upper|lower) end of|the midpoint of|within|versus|vs\.?|compared (?:to|with)|relative to)\s+(?:\w+\s+){0,3}?"
+    r"(?:guidance|outlook|expectations?|forecast|guide)|as (?:we |I )?(?:had )?(?:expected|anticipated|forecast(?:ed)?|guided|projected))\b",
+    re.IGNORECASE)
 _REPORTED_CUE = re.compile(
     r"\b(?:was|were|came in|totaled|totalled|reached|grew|rose|increased|decreased|declined|fell|reported|delivered|"
     r"generated|posted|achieved|ended|finished|had|climbed|dropped|improved)\b",
@@ -123,7 +128,11 @@ _AFTER_TRAP = re.compile(
     r"in the (?:prior|previous|year-ago|same)|in constant currency|sequentially|on a sequential|attributable|related to|due to|"
     r"associated with|(?:from|over|versus|vs\.?|compared (?:to|with)) (?:the )?(?:previous|prior|last|preceding|year-ago) quarter|"
     r"quarter[- ]over[- ]quarter|q/q|QoQ|from (?:our|the) (?:previous|prior|last|original|earlier) (?:guid\w*|outlook|forecast|expectations?)|"
-    r"respectively)",
+    r"respectively|"
+    # a difference from a reference: '$0.13 above our guide', '$50 million better than the midpoint'
+    r"(?:above|below|ahead of|better than|higher than|lower than|short of|more than|less than|over|under|shy of)\s+"
+    r"(?:the\s+|our\s+|its\s+)?(?:high|low|top|mid|guid|outlook|expect|consensus|forecast|estimate|last|prior|previous|"
+    r"a year|year|same|original|plan|street))",
     re.IGNORECASE,
 )
 # The amount belongs to what follows it: '44% net income growth', 'EUR 550 million R&D'.
@@ -170,6 +179,30 @@ _BOUNDARY_WORDS = {
     "into", "about", "approximately", "around", "roughly", "where", "when", "which", "who", "both", "all", "your", "my",
     "we", "i", "you", "it", "they", "us", "whose", "total", "on", "path", "track", "toward", "towards", "remain", "remains",
 }
+
+
+@dataclass(frozen=True)
+class Section:
+    """What a paragraph's section opener set: a period phrase, a registry segment, a basis."""
+
+    period: str | None = None
+    segment: str | None = None
+    basis: str | None = None
+
+
+_NO_SECTION = Section()
+_SENTENCE_END = re.compile(r"(?<=[.!?:])\s+")
+# A sentence that opens a section names its topic first: 'Moving to full year.', 'Turning to the
+# outlook for Q3,', 'Now for Automotive.', 'In Data Center, ...', 'Looking at fiscal 2020, ...'.
+_SECTION_OPENER = re.compile(
+    r"^\W*(?:(?:and |so |now |next |finally |lastly |let me |let's |i'll |i will )*(?:mov(?:e|ing)|turn(?:ing)?|go(?:ing)?|"
+    r"look(?:ing)?|switch(?:ing)?|shift(?:ing)?|start(?:ing)?|com(?:e|ing)|transition(?:ing)?)(?: now| on| over| back)?"
+    r" (?:to|at|with)|for|in|on|within|regarding|as for)\s+(?:the\s+|our\s+)?(?:outlook for (?:the\s+)?|guidance for (?:the\s+)?)?"
+    r"(?P<topic>[^,.;:]{2,60})", re.IGNORECASE)
+_SECTION_PERIOD = re.compile(r"(?:the\s+)?(?:full[- ]year|fiscal (?:year )?'?\d{2,4}|(?:fiscal )?year '?\d{2,4}|FY\s?'?\d{2,4}|"
+                             r"(?:the )?(?:full |whole |entire )?year\b|(?:the )?(?:first|second|third|fourth|1st|2nd|3rd|4th) "
+                             r"(?:fiscal )?quarter|Q[1-4]\b)", re.IGNORECASE)
+_TOTAL_TOPIC = re.compile(r"^\W*(?:(?:and |so |now )?(?:total|overall|consolidated|company(?:wide)?)\b|overall,)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -260,6 +293,7 @@ def _amounts(clause: str) -> list[_Amount]:
             level_text = clause[match.end("joint"):end].strip()
             found.append(_Amount(match.start(), end, second[0], None, None, unit, scaled or second[2], level_text, True))
             continue
+        first_value = value
         if second is not None:
             low, high = sorted((value, second[0]))
             value = (low + high) / 2
@@ -279,7 +313,12 @@ def _amounts(clause: str) -> list[_Amount]:
                 spread = spread * _SCALES[pm_unit]
             low, high = value - spread, value + spread
         if _NEGATIVE_BEFORE.search(clause[max(0, match.start() - 12):match.start()]):
-            value, low, high = -value, None if high is None else -high, None if low is None else -low
+            if second is not None and match["bplus"]:
+                # 'between a loss of $70 million and income of $10 million': only the low end is a loss
+                low, high = -first_value, second[0]
+                value = (low + high) / 2
+            else:
+                value, low, high = -value, None if high is None else -high, None if low is None else -low
         found.append(_Amount(match.start(), end, value, low, high, unit, scaled, text))
     return found
 
@@ -294,6 +333,24 @@ def _basis(text: str, last: bool) -> str | None:
 
 
 _DIGIT = re.compile(r"\d")
+# A basis stated for what follows: 'On a non-GAAP basis, ...', 'In GAAP terms, ...', 'Non-GAAP:'.
+_BASIS_PHRASE = re.compile(r"\b(?:on an? |in )(non[- ]GAAP|GAAP)\s+(?:basis|terms)\b|^\W*(non[- ]GAAP|GAAP)\s*[:,-]", re.IGNORECASE)
+
+
+def _stated_basis(text: str) -> str | None:
+    """The basis the last basis phrase of `text` states, if any."""
+    found = list(_BASIS_PHRASE.finditer(text))
+    if not found:
+        return None
+    said = (found[-1][1] or found[-1][2]).lower()
+    return "GAAP" if said == "gaap" else "non-GAAP"
+
+
+# The positive end of a range whose low end is a loss: 'between a loss of $70 million and income
+# of $10 million' becomes '... and +$10 million', which AMOUNT reads as the range's signed high end.
+_SIGNED_RANGE = re.compile(r"(\b(?:loss|negative) of (?:US)?\$?\s?[\d.,]+(?:\s?(?:billion|million|thousand))?\s+(?:and|to))\s+"
+                           r"(?:an?\s+)?(?:net\s+|operating\s+)?(?:income|profit|gain|positive)(?:\s+of)?\s+(?=(?:US)?\$|\d)",
+                           re.IGNORECASE)
 _RANGE_OF_PERCENTS = re.compile(r"\b(\d+(?:\.\d+)?)\s*(to|-|–)\s*(\d+(?:\.\d+)?)\s?(%|percent\b)", re.IGNORECASE)
 # 'cost of revenues', 'percent of sales': the metric word names something else.
 _NOT_THE_METRIC = re.compile(r"(?:\b(?:cost|costs|percent|percentage|share|portion|half|mix|multiple)|%)\s+of\s+(?:[\w-]+\s+){0,3}$",
@@ -318,26 +375,52 @@ class FigureParser:
         # the figures stage parses it again in the same worker: the second time is a lookup.
         self._parsed: dict[tuple[str, bool], list[RawFigure]] = {}
 
-    def parse(self, statement: str, prediction: bool = False) -> list[RawFigure]:
+    def parse(self, statement: str, prediction: bool = False, scope: str = "") -> list[RawFigure]:
         """The figures a statement states; `prediction` is the statement's label (a PREDICTION
-        with no cue of its own is guidance)."""
+        with no cue of its own is guidance). `scope` is the paragraph before the statement (the
+        speaker's turn so far): a section it opens ('Moving to full year.', 'Turning to
+        Automotive.', 'On a non-GAAP basis:') holds for the statement unless it says otherwise."""
         if not _DIGIT.search(statement) or (not METRIC_WORDS.search(statement) and "per share" not in statement.lower()):
             return []
-        key = (statement, prediction)
+        section = self.section(scope)
+        key = (statement, prediction, section)
         if key not in self._parsed:
             if len(self._parsed) > 20_000:
                 self._parsed.clear()
-            self._parsed[key] = self._parse(statement, prediction)
+            self._parsed[key] = self._parse(statement, prediction, section)
         return list(self._parsed[key])
 
-    def _parse(self, statement: str, prediction: bool) -> list[RawFigure]:
+    def section(self, scope: str) -> Section:
+        """The period, segment and basis the paragraph's last section opener states."""
+        if not scope:
+            return _NO_SECTION
+        period = segment = None
+        basis = _stated_basis(scope[-400:])
+        for sentence in _SENTENCE_END.split(scope[-600:]):
+            opener = _SECTION_OPENER.match(sentence)
+            if opener is None:
+                if _TOTAL_TOPIC.match(sentence):
+                    segment = None  # 'Total revenue ...' / 'Overall, ...' leaves a segment's paragraph
+                continue
+            topic = opener["topic"]
+            if _SECTION_PERIOD.match(topic):
+                period, segment = topic, None
+            elif (named := next((seg.name for seg in self.segments if seg.pattern.match(topic)), None)) is not None:
+                segment = named
+            elif re.match(r"(?:the\s+|our\s+)?(?:total|overall|consolidated|company)\b", topic, re.IGNORECASE):
+                segment = None
+        return Section(period, segment, basis)
+
+    def _parse(self, statement: str, prediction: bool, section: Section = None) -> list[RawFigure]:
+        section = section or _NO_SECTION
         statement = _RANGE_OF_PERCENTS.sub(r"\1\4 \2 \3\4", statement)  # '41 to 42%' is '41% to 42%'
+        statement = _SIGNED_RANGE.sub(r"\1 +", statement) if "of" in statement else statement  # '... a loss of $70 million and income of $10 million'
         figures: list[RawFigure] = []
         default_kind = "guidance" if prediction else "reported"
         starts = [0] + [m.end() for m in _CLAUSE.finditer(statement)]
         ends = [m.start() for m in _CLAUSE.finditer(statement)] + [len(statement)]
         for start, end in zip(starts, ends):
-            clause_kind, found = self._clause(statement[start:end], statement[:start], default_kind)
+            clause_kind, found = self._clause(statement[start:end], statement[:start], default_kind, section)
             default_kind = clause_kind or default_kind
             figures.extend(found)
         unique: dict[tuple, RawFigure] = {}
@@ -345,7 +428,7 @@ class FigureParser:
             unique.setdefault(figure.key + (figure.value, figure.low, figure.high, figure.unit), figure)
         return list(unique.values())
 
-    def _clause(self, clause: str, earlier: str, default_kind: str) -> tuple[str | None, list[RawFigure]]:
+    def _clause(self, clause: str, earlier: str, default_kind: str, section: Section = None) -> tuple[str | None, list[RawFigure]]:
         """Figures of one clause; `earlier` is the statement's text before it (where a period
         such as 'For the full year 2024, we expect ...' may stand)."""
         amounts = _amounts(clause)
@@ -364,20 +447,24 @@ class FigureParser:
             if mention is None and _PER_SHARE.search(clause[amount.end:]) and re.search(
                     r"\b(?:earnings|income|EPS)\b", clause[:amount.start], re.IGNORECASE):
                 mention = (amount.start, amount.start, "eps")  # 'earnings of $0.60 per share'
-            if mention is not None and (figure := self._attach(mention, amount, kind, clause, periods, window_start)):
+            if mention is not None and (figure := self._attach(mention, amount, kind, clause, periods, window_start,
+                                                                             section or _NO_SECTION)):
                 figures.append(figure)
             window_start = amount.end
         return kind, figures
 
     @staticmethod
     def _kind(before: str, default_kind: str) -> str:
-        """The last cue before the amount decides: 'was' reports, 'expect' guides."""
+        """The last cue before the amount decides: 'was' reports, 'expect' guides. A cue that
+        refers back to an earlier outlook ('at the high end of our guidance', 'as we expected')
+        is no cue: the figure is the result measured against it."""
+        before = _PAST_OUTLOOK.sub(" ", before)
         cues = [(m.start(), "guidance") for m in _GUIDANCE_CUE.finditer(before)]
         cues += [(m.start(), "reported") for m in _REPORTED_CUE.finditer(before)]
         return max(cues)[1] if cues else default_kind
 
     def _attach(self, mention: tuple[int, int, str], amount: _Amount, kind: str, clause: str, period_texts: tuple[str, ...],
-                window_start: int) -> RawFigure | None:
+                window_start: int, section: Section) -> RawFigure | None:
         start, end, metric = mention
         between, after = clause[end:amount.start], clause[amount.end:]
         just_before = clause[max(0, start - 30):start].rpartition(",")[2]
@@ -390,6 +477,10 @@ class FigureParser:
         segment, known = self._segment(clause, start, end, period_texts[-1])
         if not known:
             return None
+        if segment is None and section.segment is not None and not re.search(
+                r"\b(?:total|overall|consolidated|company|companywide|corporate)\b", clause[:start], re.IGNORECASE):
+            segment = section.segment  # 'Revenue rose 4% to $189 million' in the paragraph 'Turning to Automotive.'
+
         since_previous = clause[max(window_start, end):amount.start]
         if amount.unit == "percent" and metric == "revenue" and _GROWTH.search(since_previous) \
                 and not re.search(r"\b(?:and|with|while)\b", since_previous):
@@ -417,7 +508,7 @@ class FigureParser:
                 metric = "segment_revenue"
             elif metric != "revenue_growth":
                 return None  # a segment's margin or income is not the company's, and the vocabulary has no place for it
-        return self._figure(metric, segment, amount, kind, clause, period_texts)
+        return self._figure(metric, segment, amount, kind, clause, period_texts, section)
 
     def _segment(self, clause: str, metric_start: int, metric_end: int, earlier: str) -> tuple[str | None, bool]:
         """The registry segment the metric is qualified by (None: the total), and False when
@@ -444,32 +535,37 @@ class FigureParser:
             return None, False
         return None, True
 
-    def _figure(self, metric: str, segment: str | None, amount: _Amount, kind: str, clause: str, period_texts: tuple[str, ...]
-                ) -> RawFigure | None:
-        period = self._period(period_texts, forward=kind == "guidance")
+    def _figure(self, metric: str, segment: str | None, amount: _Amount, kind: str, clause: str, period_texts: tuple[str, ...],
+                section: Section = None) -> RawFigure | None:
+        section = section or _NO_SECTION
+        period = self._period(period_texts, forward=kind == "guidance", section=section.period)
         if period is None or amount.unit == "number":
             return None
         quarter, year = (int(period.label[1]), int(period.label[3:])) if period.label.startswith("Q") else (None, int(period.label[2:]))
         publication = self.resolver.context.publication_date
         if kind == "reported" and period.start > publication:
             kind = "guidance"
+        if kind == "reported" and period.end > publication:
+            return None  # a remark about a period still under way ('this year we have grown ...') is no result
         if kind == "guidance":
             if period.end <= publication:
                 return None  # guidance for a period already over is an old figure cited for comparison
             reported_year = self.resolver.reported[1] if self.resolver.reported else publication.year
             if year > reported_year + 1 or _LONG_TERM.search(clause):
                 return None  # a long-term target, not guidance for a period
-        basis = _basis(clause[:amount.start], last=True) or _basis(clause[amount.end:], last=False)
+        basis = (_basis(clause[:amount.start], last=True) or _basis(clause[amount.end:], last=False)
+                 or _stated_basis(period_texts[-1]) or section.basis)
         unit = "percent" if amount.unit == "percent" else f"{amount.unit}/share" if metric == "eps" else amount.unit
         return RawFigure(metric=metric, segment=segment, basis=basis, kind=kind, fiscal_year=year, fiscal_quarter=quarter,
                          value=float(amount.value), low=None if amount.low is None else float(amount.low),
                          high=None if amount.high is None else float(amount.high), unit=unit,
                          text=re.sub(r"\s+and\s+", " to ", " ".join(amount.text.split())))
 
-    def _period(self, texts: tuple[str, ...], forward: bool):
-        """The first period `texts` name, in order; with none named, a result is for the
-        quarter the call reports and guidance for the next one."""
-        for text in texts:
+    def _period(self, texts: tuple[str, ...], forward: bool, section: str | None = None):
+        """The first period `texts` name, in order, then the period the paragraph's section
+        opened with; with none named, a result is for the quarter the call reports and guidance
+        for the next one."""
+        for text in (*texts, *((section,) if section else ())):
             text = _COMPARISON_PHRASE.sub(" ", text)
             period = self.resolver.find(text, forward=forward)
             if period is not None:

@@ -10,6 +10,7 @@ same ids.
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -182,10 +183,12 @@ def extract_figures(job: StageJob) -> StageResult:
     smaller total is dropped and counted."""
     transcripts, chunks, statements = job.inputs["transcripts"], job.inputs["chunks"], job.inputs["statements"]
     extractor = job.providers.extractor
-    speakers = {row["chunk_id"]: row for row in chunks.select(["chunk_id", "kind", "speaker", "speaker_organization"]).to_pylist()}
+    speakers = {row["chunk_id"]: row for row in chunks.select(["chunk_id", "kind", "speaker", "speaker_organization",
+                                                              "text"]).to_pylist()}
     by_transcript: dict[str, list[dict[str, Any]]] = {}
-    for record in statements.select(["statement_id", "chunk_id", "transcript_id", "statement", "statement_type", "temporal_type",
-                                     "quarter", "company"]).to_pylist():
+    for record in sorted(statements.select(["statement_id", "chunk_id", "transcript_id", "statement", "statement_type",
+                                            "temporal_type", "quarter", "company", "statement_index"]).to_pylist(),
+                         key=lambda r: (r["transcript_id"], r["chunk_id"], r["statement_index"])):
         by_transcript.setdefault(record["transcript_id"], []).append(record)
     result = StageResult(tables.FIGURES.empty_table())
     records = []
@@ -195,7 +198,8 @@ def extract_figures(job: StageJob) -> StageResult:
         rows = [row for row in by_transcript.get(transcript.transcript_id, [])
                 if _said_by_the_company(speakers.get(row["chunk_id"]), own_people, context.ticker)]
         result.counts["statements_not_by_the_company"] += len(by_transcript.get(transcript.transcript_id, [])) - len(rows)
-        found = extractor.extract_figures([_raw_statement(row) for row in rows], context) if rows else []
+        scopes = _scopes(rows, speakers)
+        found = extractor.extract_figures([_raw_statement(row) for row in rows], context, scopes) if rows else []
         call = []
         for row, figures in zip(rows, found):
             for figure in figures:
@@ -214,6 +218,22 @@ def extract_figures(job: StageJob) -> StageResult:
     result.counts["figures"] = len(records)
     result.metadata["metrics"] = dict(sorted(Counter(f"{record['kind']} {record['metric']}" for record in records).items()))
     return result
+
+
+def _scopes(rows: list[dict[str, Any]], chunks: dict[str, dict[str, Any]]) -> list[str]:
+    """The paragraph before each statement: its chunk's text up to where the statement starts
+    (short openers such as 'Moving to full year.' are not statements, so the text is read, not
+    the earlier statements); the earlier statements of the chunk when the statement is not
+    found verbatim (its pronouns were resolved)."""
+    scopes, earlier = [], {}
+    for row in rows:
+        text = (chunks.get(row["chunk_id"]) or {}).get("text") or ""
+        words = row["statement"].split()[:6]
+        found = re.search(r"\s+".join(re.escape(w) for w in words), text) if len(words) >= 3 else None
+        before = earlier.setdefault(row["chunk_id"], [])
+        scopes.append(text[:found.start()] if found else " ".join(before))
+        before.append(row["statement"])
+    return scopes
 
 
 def _said_by_the_company(chunk: dict[str, Any] | None, own_people: set[str], ticker: str) -> bool:
