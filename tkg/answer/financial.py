@@ -296,7 +296,9 @@ def _offices(graph: Graph, question: str, company: Company, role: str) -> Financ
     plan = [f"holders of {title} at {company.ticker} in {said} (officer_tenures)"]
     calls = [("office_holders", {"company": company.ticker, "role": title, "start": start, "end": end}, len(holders))]
     if not holders:
-        return Financial(f"Not in the data: no {title} of {_short_name(company)} is recorded for {said}.", plan=plan, calls=calls)
+        count, first, last = graph.coverage(company.ticker)
+        return Financial(f"Not in the data: no {title} of {_short_name(company)} is recorded for {said} (its {count} calls, "
+                         f"{first} to {last}, name none).", plan=plan, calls=calls)
     timeline = span is not None or (_TIMELINE_WORDS.search(question) is not None and len(holders) > 1)
     if not timeline and start is not None and start == end:
         # one moment: the holder whose tenure holds it, latest start first (an interim one ends there)
@@ -317,7 +319,7 @@ def _offices(graph: Graph, question: str, company: Company, role: str) -> Financ
         answer = f"{_short_name(company)}'s {title} in {said}: {tenure(holders[0])}."
     else:
         answer = f"{_short_name(company)}'s {title}s in {said}: " + "; ".join(tenure(h) for h in holders) + "."
-    return Financial(answer, facts, plan, calls=calls, own_facts=timeline)
+    return Financial(answer, facts, plan=plan, calls=calls, own_facts=timeline)
 
 
 def _figures(graph: Graph, question: str, companies: list[Company], metric: str) -> Financial:
@@ -354,7 +356,14 @@ def _figures(graph: Graph, question: str, companies: list[Company], metric: str)
             if not chain:
                 parts.append(f"Not in the data: no {what} guidance of {name} for {label}.")
                 continue
-            steps = "; then ".join(f"{r.amount()} on {r.call_date} [{r.event_id}]" for r in chain)
+            steps, previous = [], None
+            for r in chain:  # a restatement of the same value extends the step before it
+                if previous is not None and (previous.value, previous.low, previous.high) == (r.value, r.low, r.high):
+                    steps[-1] += f", restated {r.call_date} [{r.event_id}]"
+                else:
+                    steps.append(f"{r.amount()}{' (' + r.basis + ')' if r.basis else ''} on {r.call_date} [{r.event_id}]")
+                previous = r
+            steps = "; then ".join(steps)
             text = f"{name}'s {label} {what} guidance: {steps}"
             if (actual := _choose_reported(reported)) is not None:
                 text += f"; reported at {actual.amount()} on {actual.call_date} [{actual.event_id}]"
@@ -384,9 +393,11 @@ def _figures(graph: Graph, question: str, companies: list[Company], metric: str)
         plan.append(f"{name}'s reported {label} {what} (metrics)")
         actual = _choose_reported(reported)
         if actual is not None:
-            others = sorted({r.amount() for r in reported if r.amount() != actual.amount()})
-            parts.append(f"{name} reported {label} {what} of {actual.amount()} {_cite(actual)}."
-                         + (f" (Later calls also cite {', '.join(others)}.)" if others else ""))
+            others = sorted({f"{r.amount()}{' ' + r.basis if r.basis else ''} ({r.call_date})" for r in reported
+                             if r.amount() != actual.amount()})
+            basis_said = f" ({actual.basis})" if actual.basis and not basis else ""
+            parts.append(f"{name} reported {label} {what} of {actual.amount()}{basis_said} {_cite(actual)}."
+                         + (f" Other figures stated for that period: {', '.join(others)}." if others else ""))
             facts.append(_fact(actual, name))
             facts.extend(_fact(r, name) for r in reported if r is not actual)
         elif guidance:
@@ -397,4 +408,4 @@ def _figures(graph: Graph, question: str, companies: list[Company], metric: str)
         else:
             calls_held, first, latest = graph.coverage(company.ticker)
             parts.append(f"Not in the data: no {label} {what} of {name} (its {calls_held} calls run {first} to {latest}).")
-    return Financial(" ".join(parts), facts, plan, notes, calls)
+    return Financial(" ".join(parts), facts, plan=plan, notes=notes, calls=calls)
