@@ -148,8 +148,9 @@ def _retired(rows: list[dict]) -> dict[str, tuple[str, str]]:
 
 
 def test_guidance_is_retired_by_the_next_different_value_and_by_the_actual():
+    # Q2 FY2017 (October-December 2016) closes at the first call after it ended
     assert _retired(CHAIN) == {"jul": ("2017-01-26", "jan"), "oct": ("2017-01-26", "jan"), "jan": ("2017-04-27", "apr"),
-                               "apr": ("2017-07-20", "q4")}
+                               "apr": ("2017-07-20", "q4"), "q2": ("2017-01-26", "jan")}
 
 
 def test_revisions_do_not_depend_on_the_order_figures_arrive_in():
@@ -160,10 +161,37 @@ def test_revisions_do_not_depend_on_the_order_figures_arrive_in():
         assert _retired(shuffled) == expected
 
 
-def test_restating_the_same_value_and_a_different_basis_retire_nothing():
-    rows = [_row("a", "2016-07-19", "guidance", 5e9), _row("b", "2016-10-20", "guidance", 5e9),
+def test_restating_the_same_value_and_a_different_stated_basis_retire_nothing():
+    rows = [_row("a", "2016-07-19", "guidance", 5e9, basis="GAAP"), _row("b", "2016-10-20", "guidance", 5e9, basis="GAAP"),
             _row("c", "2017-01-26", "guidance", 6e9, basis="non-GAAP")]
     assert _retired(rows) == {}
+
+
+def test_one_basis_label_does_not_split_a_chain():
+    """Issue 25: a restatement tagged non-GAAP once in a chain of unstated ones is the same
+    guidance: it revises and is revised as if unlabelled, so one value stands at a time."""
+    rows = [_row("a", "2016-07-19", "guidance", 4.35, metric="eps"), _row("b", "2016-10-20", "guidance", 4.40, metric="eps",
+                                                                        basis="non-GAAP"),
+            _row("c", "2017-01-26", "guidance", 4.55, metric="eps")]
+    assert _retired(rows) == {"a": ("2016-10-20", "b"), "b": ("2017-01-26", "c")}
+    # a call that guides both bases at once restates the unlabelled value by one of them: nothing is revised
+    both = [_row("a", "2016-07-19", "guidance", 4.35, metric="eps"),
+            _row("g", "2016-10-20", "guidance", 3.90, metric="eps", basis="GAAP"),
+            _row("n", "2016-10-20", "guidance", 4.35, metric="eps", basis="non-GAAP")]
+    assert _retired(both) == {}
+
+
+def test_guidance_closes_when_its_period_is_reported_or_over():
+    """Issue 25: guidance for a period is not left standing once the period's results are out,
+    even when the actual of that metric was not recorded (another metric was) or no result was."""
+    rows = [_row("gm", "2016-10-20", "guidance", 64.0, metric="gross_margin", quarter=2),
+            _row("rev", "2017-01-26", "reported", 24.1e9, metric="revenue", quarter=2),
+            _row("q3", "2017-01-26", "guidance", 65.0, metric="gross_margin", quarter=3),
+            _row("later", "2017-07-20", "reported", 23.3e9, metric="revenue", quarter=4)]
+    retired = _retired(rows)
+    assert retired["gm"] == ("2017-01-26", "rev")  # Q2 results published
+    assert retired["q3"] == ("2017-07-20", "later")  # Q3 (January-March 2017) over; the next call came after it
+    assert set(retired) == {"gm", "q3"}
 
 
 def test_an_event_is_retired_only_when_every_figure_it_states_is():

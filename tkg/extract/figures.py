@@ -107,6 +107,7 @@ _CHANGE_BEFORE = re.compile(rf"(?:\bby|\b(?:up|down|grew|grow|grows|increased|de
 _NEGATIVE_BEFORE = re.compile(r"\b(?:negative|minus|a loss of|loss of)\s+$", re.IGNORECASE)
 # Anywhere in the clause: the figures are not for a fiscal period.
 _CLAUSE_TRAP = re.compile(r"\b(?:(?:last|trailing|past|previous) (?:12|twelve) months|TTM|LTM|trailing|holding currency constant|"
+                          r"(?:in|on an?) (?:fixed|constant)[- ](?:FX|currency|exchange[- ]rate)s?(?: terms| basis)?|"
                           r"(?:on|at) a constant currency basis|at constant currency|excluding (?:the impact of )?(?:FX|foreign exchange|"
                           r"currency))\b", re.IGNORECASE)
 _COMPARISON_BEFORE = re.compile(
@@ -128,13 +129,15 @@ _AFTER_TRAP = re.compile(
     r"in the (?:prior|previous|year-ago|same)|in constant currency|sequentially|on a sequential|attributable|related to|due to|"
     r"associated with|(?:from|over|versus|vs\.?|compared (?:to|with)) (?:the )?(?:previous|prior|last|preceding|year-ago) quarter|"
     r"quarter[- ]over[- ]quarter|q/q|QoQ|from (?:our|the) (?:previous|prior|last|original|earlier) (?:guid\w*|outlook|forecast|expectations?)|"
-    r"respectively|"
-    # a difference from a reference: '$0.13 above our guide', '$50 million better than the midpoint'
-    r"(?:above|below|ahead of|better than|higher than|lower than|short of|more than|less than|over|under|shy of)\s+"
-    r"(?:the\s+|our\s+|its\s+)?(?:high|low|top|mid|guid|outlook|expect|consensus|forecast|estimate|last|prior|previous|"
-    r"a year|year|same|original|plan|street))",
+    r"respectively)",
     re.IGNORECASE,
 )
+# Right after the amount, with no comma between: the amount is a difference from a reference
+# ('EPS was $1.23, $0.13 above our guide'), whereas '$13.5 billion, ahead of our outlook' is the level.
+_DIFFERENCE_AFTER = re.compile(
+    r"^\s+(?:above|below|ahead of|better than|higher than|lower than|short of|more than|less than|over|under|shy of)\s+"
+    r"(?:the\s+|our\s+|its\s+)?(?:high|low|top|mid|guid|outlook|expect|consensus|forecast|estimate|last|prior|previous|"
+    r"a year|year|same|original|plan|street)", re.IGNORECASE)
 # The amount belongs to what follows it: '44% net income growth', 'EUR 550 million R&D'.
 _OTHER_AFTER = re.compile(
     r"^\s+(?:(?:(?!(?:and|or|but|while|with|as)\b)[\w-]+\s+){0,2}?(?:" + METRIC_WORDS.pattern.removeprefix(r"\b(").removesuffix(r")\b") + r")\b|"
@@ -195,13 +198,16 @@ _SENTENCE_END = re.compile(r"(?<=[.!?:])\s+")
 # A sentence that opens a section names its topic first: 'Moving to full year.', 'Turning to the
 # outlook for Q3,', 'Now for Automotive.', 'In Data Center, ...', 'Looking at fiscal 2020, ...'.
 _SECTION_OPENER = re.compile(
-    r"^\W*(?:(?:and |so |now |next |finally |lastly |let me |let's |i'll |i will )*(?:mov(?:e|ing)|turn(?:ing)?|go(?:ing)?|"
-    r"look(?:ing)?|switch(?:ing)?|shift(?:ing)?|start(?:ing)?|com(?:e|ing)|transition(?:ing)?)(?: now| on| over| back)?"
-    r" (?:to|at|with)|for|in|on|within|regarding|as for)\s+(?:the\s+|our\s+)?(?:outlook for (?:the\s+)?|guidance for (?:the\s+)?)?"
-    r"(?P<topic>[^,.;:]{2,60})", re.IGNORECASE)
-_SECTION_PERIOD = re.compile(r"(?:the\s+)?(?:full[- ]year|fiscal (?:year )?'?\d{2,4}|(?:fiscal )?year '?\d{2,4}|FY\s?'?\d{2,4}|"
-                             r"(?:the )?(?:full |whole |entire )?year\b|(?:the )?(?:first|second|third|fourth|1st|2nd|3rd|4th) "
+    r"^\W*(?:(?:and |so |now |next |finally |lastly |let me |let's |i'll |i will |i'd like to |to )*(?:now )?(?:mov(?:e|ing)|"
+    r"turn(?:ing)?|go(?:ing)?|look(?:ing)?|switch(?:ing)?|shift(?:ing)?|start(?:ing)?|com(?:e|ing)|transition(?:ing)?|"
+    r"wrap(?:ping)? up|clos(?:e|ing)|cover(?:ing)?|talk(?:ing)? about|review(?:ing)?|focus(?:ing)?|discuss(?:ing)?)"
+    r"(?: now| on| over| back| out)?(?: (?:to|at|with|on))?|for|in|on|within|regarding|as for)\s+(?:the\s+|our\s+)?"
+    r"(?:outlook for (?:the\s+)?|guidance for (?:the\s+)?)?(?P<topic>.{2,80})", re.IGNORECASE)
+_SECTION_PERIOD = re.compile(r"(?:the\s+)?(?:(?:full |whole |entire )?fiscal year|full[- ]year|fiscal (?:year )?'?\d{2,4}|"
+                             r"(?:fiscal )?year '?\d{2,4}|FY\s?'?\d{2,4}|"
+                             r"(?:the |this )?(?:full |whole |entire )year\b|(?:the|this) year\b|(?:the )?(?:first|second|third|fourth|1st|2nd|3rd|4th) "
                              r"(?:fiscal )?quarter|Q[1-4]\b)", re.IGNORECASE)
+_AMOUNT_CUE = re.compile(r"[$€£¥%]|\d+(?:\.\d+)?\s*(?:percent|billion|million|basis points)\b", re.IGNORECASE)
 _TOTAL_TOPIC = re.compile(r"^\W*(?:(?:and |so |now )?(?:total|overall|consolidated|company(?:wide)?)\b|overall,)", re.IGNORECASE)
 
 
@@ -358,7 +364,10 @@ _NOT_THE_METRIC = re.compile(r"(?:\b(?:cost|costs|percent|percentage|share|porti
 # After a metric: 'revenue in the quarter' names a period, 'revenue from China' a part of the total.
 _PERIOD_AFTER = re.compile(r"(?:the\s+|this\s+|that\s+)?(?:quarter|year|period|first|second|third|fourth|full|fiscal|FY|Q[1-4]|"
                            r"\d|calendar|constant currency|\$|€|EUR|USD|total|all|each|every|our guidance|the guidance)", re.IGNORECASE)
-_BARE_YEAR = re.compile(r"\b(?:in|for|of|during|calendar|year)\s+(20\d\d)\b(?!\s*(?:and|to|-)\s*20)", re.IGNORECASE)
+_BARE_YEAR = re.compile(r"\b(?:in|for|of|during|calendar|year)\s+(20\d\d)\b(?!\s*(?:and|to|-)\s*20)|"
+                        # '2019 revenue was $6.73 billion': the year names the figure's period
+                        r"(?:^|[.;:]\s*|\b(?:our|the|full|total|fiscal)\s+)(20\d\d)\s+(?=(?:[\w-]+\s+){0,2}?(?:revenues?|sales|"
+                        r"gross margin|operating|net income|earnings|EPS|free cash flow|capital|capex)\b)", re.IGNORECASE)
 _ANNUAL = re.compile(r"\b(?:annual|for the year)\b", re.IGNORECASE)
 _RANGE_WORDS = re.compile(r"\b(?:rang(?:e|ing) from|in the range of)\s*$", re.IGNORECASE)
 
@@ -396,16 +405,21 @@ class FigureParser:
             return _NO_SECTION
         period = segment = None
         basis = _stated_basis(scope[-400:])
-        for sentence in _SENTENCE_END.split(scope[-600:]):
+        for sentence in _SENTENCE_END.split(scope[-900:]):
             opener = _SECTION_OPENER.match(sentence)
-            if opener is None:
+            if opener is not None:
+                topic = opener["topic"][:60]
+            elif len(sentence.split()) <= 12 and not _AMOUNT_CUE.search(sentence):
+                topic = sentence  # a short sentence without a figure heads what follows: 'Data Center.'
+            else:
                 if _TOTAL_TOPIC.match(sentence):
                     segment = None  # 'Total revenue ...' / 'Overall, ...' leaves a segment's paragraph
                 continue
-            topic = opener["topic"]
-            if _SECTION_PERIOD.match(topic):
-                period, segment = topic, None
-            elif (named := next((seg.name for seg in self.segments if seg.pattern.match(topic)), None)) is not None:
+            if (found := _SECTION_PERIOD.search(topic)) is not None and not _COMPARISON_PHRASE.search(topic):
+                period, segment = found[0], None
+            elif re.search(r"\b(?:the|this|our) (?:quarter|results for the quarter)\b", topic, re.IGNORECASE):
+                period = None  # back to the quarter the call reports
+            if (named := next((seg.name for seg in self.segments if seg.pattern.search(topic)), None)) is not None:
                 segment = named
             elif re.match(r"(?:the\s+|our\s+)?(?:total|overall|consolidated|company)\b", topic, re.IGNORECASE):
                 segment = None
@@ -432,8 +446,9 @@ class FigureParser:
         """Figures of one clause; `earlier` is the statement's text before it (where a period
         such as 'For the full year 2024, we expect ...' may stand)."""
         amounts = _amounts(clause)
-        if not amounts or _CLAUSE_TRAP.search(clause):
-            return None, []
+        if not amounts or _CLAUSE_TRAP.search(clause) or (not _DIGIT.search(earlier) and _CLAUSE_TRAP.search(earlier)):
+            return None, []  # also an opener that holds for the statement: 'Holding currency constant, our revenue grew 25%'
+
         mentions = [(m.start(), m.end(), _METRIC_OF[m[1].lower()]) for m in METRIC_WORDS.finditer(clause)
                     if not _NOT_THE_METRIC.search(clause[:m.start()])]
         figures, kind, window_start = [], None, 0
@@ -469,6 +484,7 @@ class FigureParser:
         between, after = clause[end:amount.start], clause[amount.end:]
         just_before = clause[max(0, start - 30):start].rpartition(",")[2]
         if (_TRAP.search(between) or _TRAP.search(just_before) or _AFTER_TRAP.search(after) or _AMOUNT_OF_OTHER.search(after)
+                or _DIFFERENCE_AFTER.search(after)
                 or (_OTHER_AFTER.search(after) and not (amount.unit == "percent" and _PERCENT_OF_REVENUE.search(after)))
                 or _BOTH_BASES.search(clause)):
             return None
@@ -573,7 +589,7 @@ class FigureParser:
             if _ANNUAL.search(text):
                 return self.resolver.find("the full year", forward=forward)
             if year := _BARE_YEAR.search(text):  # 'gross margin for 2015 was 46.1%'
-                return self.resolver.fiscal_year(int(year[1]))
+                return self.resolver.fiscal_year(int(year[1] or year[2]))
         return self.resolver.shift(1 if forward else 0)
 
 

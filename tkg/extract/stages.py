@@ -183,8 +183,14 @@ def extract_figures(job: StageJob) -> StageResult:
     smaller total is dropped and counted."""
     transcripts, chunks, statements = job.inputs["transcripts"], job.inputs["chunks"], job.inputs["statements"]
     extractor = job.providers.extractor
-    speakers = {row["chunk_id"]: row for row in chunks.select(["chunk_id", "kind", "speaker", "speaker_organization",
-                                                              "text"]).to_pylist()}
+    speakers = {row["chunk_id"]: row for row in chunks.select(["chunk_id", "transcript_id", "chunk_index", "kind", "speaker",
+                                                              "speaker_organization", "text"]).to_pylist()}
+    # A paragraph may run over a chunk boundary: the speaker's previous chunk is part of its scope.
+    by_index = {(row["transcript_id"], row["chunk_index"]): row for row in speakers.values()}
+    for row in speakers.values():
+        previous = by_index.get((row["transcript_id"], row["chunk_index"] - 1))
+        same_turn = previous is not None and previous["speaker"] == row["speaker"] and previous["kind"] == row["kind"]
+        row["before"] = previous["text"][-600:] + " " if same_turn else ""
     by_transcript: dict[str, list[dict[str, Any]]] = {}
     for record in sorted(statements.select(["statement_id", "chunk_id", "transcript_id", "statement", "statement_type",
                                             "temporal_type", "quarter", "company", "statement_index"]).to_pylist(),
@@ -227,11 +233,12 @@ def _scopes(rows: list[dict[str, Any]], chunks: dict[str, dict[str, Any]]) -> li
     found verbatim (its pronouns were resolved)."""
     scopes, earlier = [], {}
     for row in rows:
-        text = (chunks.get(row["chunk_id"]) or {}).get("text") or ""
+        chunk = chunks.get(row["chunk_id"]) or {}
+        text = chunk.get("text") or ""
         words = row["statement"].split()[:6]
         found = re.search(r"\s+".join(re.escape(w) for w in words), text) if len(words) >= 3 else None
         before = earlier.setdefault(row["chunk_id"], [])
-        scopes.append(text[:found.start()] if found else " ".join(before))
+        scopes.append(chunk.get("before", "") + (text[:found.start()] if found else " ".join(before)))
         before.append(row["statement"])
     return scopes
 
@@ -250,7 +257,9 @@ def _said_by_the_company(chunk: dict[str, Any] | None, own_people: set[str], tic
 
 
 def _one_total_per_period(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Of competing company totals of revenue for one period, kind and basis in one call, the largest."""
+    """Of competing company totals of revenue for one period, kind and basis in one call, the
+    largest. A statement whose revenue lost is about a part of the business, so its other
+    company-total figures ('Revenue of $465 million increased 7%', its operating income) go too."""
     def key(figure: dict[str, Any]) -> tuple:
         return figure["kind"], figure["basis"], figure["fiscal_year"], figure["fiscal_quarter"], figure["unit"]
 
@@ -258,7 +267,8 @@ def _one_total_per_period(figures: list[dict[str, Any]]) -> list[dict[str, Any]]
     for figure in figures:
         if figure["metric"] == "revenue":
             largest[key(figure)] = max(largest.get(key(figure), figure["value"]), figure["value"])
-    return [figure for figure in figures if figure["metric"] != "revenue" or figure["value"] == largest[key(figure)]]
+    partial = {figure["event_id"] for figure in figures if figure["metric"] == "revenue" and figure["value"] != largest[key(figure)]}
+    return [figure for figure in figures if figure["event_id"] not in partial or figure["segment"] is not None]
 
 
 def build_entity_mentions(job: StageJob) -> StageResult:
