@@ -118,6 +118,59 @@ def test_a_segment_named_before_the_clause_keeps_its_figure_out_of_the_total():
     assert found == [("segment_revenue", "Productivity and Business Processes", None, "guidance", 2019, 3, 10e9, 9.9e9, 10.1e9, "USD")]
 
 
+# --- issue 25: each kind of misfiled figure, from real sentences of the corpus -------------------
+
+INTC_Q3_19 = _context("INTC", "2019-10-24", "Q3 2019", 12)
+MU_Q2_FY16 = _context("MU", "2016-03-30", "Q2 2016", 8)  # fiscal year ends in August
+AAPL_Q2_FY16 = _context("AAPL", "2016-04-26", "Q2 2016", 9)
+CSCO_Q4_FY18 = _context("CSCO", "2018-08-15", "Q4 2018", 7)
+AMD_Q4_19 = _context("AMD", "2020-01-28", "Q4 2019", 12)
+
+
+def _parsed(context: DocumentContext, sentence: str, scope: str = "") -> list[tuple]:
+    return [(f.metric.value, f.segment, f.basis, f.kind.value, f.fiscal_year, f.fiscal_quarter, f.value, f.low, f.high)
+            for f in figure_parser(context).parse(sentence, False, scope)]
+
+
+@pytest.mark.parametrize("context, scope, sentence, expected", [
+    # a difference from the guide is not the figure
+    (INTC_Q3_19, "", "Q3 EPS was $1.42, $0.18 above our guide.", [("eps", None, None, "reported", 2019, 3, 1.42, None, None)]),
+    # a signed range keeps its sign, and a stated basis holds for every clause of the sentence
+    (MU_Q2_FY16, "", "On a non-GAAP basis, we expect the following: consolidated revenue in the range of $2.8 billion to $3.1 "
+                     "billion, gross margin in the range of 16.5% to 19%, operating expenses between $560 million and $610 "
+                     "million, operating income ranging between a loss of $70 million and income of $10 million.",
+     [("revenue", None, "non-GAAP", "guidance", 2016, 3, 2.95e9, 2.8e9, 3.1e9),
+      ("gross_margin", None, "non-GAAP", "guidance", 2016, 3, 17.75, 16.5, 19.0),
+      ("operating_expenses", None, "non-GAAP", "guidance", 2016, 3, 5.85e8, 5.6e8, 6.1e8),
+      ("operating_income", None, "non-GAAP", "guidance", 2016, 3, -3e7, -7e7, 1e7)]),
+    # a result measured against the outlook is a result, and the year-ago amount is not the figure
+    (AAPL_Q2_FY16, "", "Revenue for the quarter landed within our guidance range at $50.6 billion, compared to $58 billion in "
+                       "the year-ago quarter, a decline of 13%.", [("revenue", None, None, "reported", 2016, 2, 50.6e9, None, None)]),
+    # a full-year paragraph: its heading sets the period of the figures under it
+    (CSCO_Q4_FY18, "I'll now cover the full fiscal year. We delivered solid revenue, margins, net income, EPS and operating "
+                   "cash flows.", "Revenue was $49.3 billion, up 3%.",
+     [("revenue", None, None, "reported", 2018, None, 49.3e9, None, None),
+      ("revenue_growth", None, None, "reported", 2018, None, 3.0, None, None)]),
+    # a segment's paragraph: 'Revenue' under its heading is the segment's, not the company's
+    (AMD_Q4_19, "Turning to our Enterprise, Embedded and Semi-Custom segment.",
+     "Revenue of $465 million increased 7% year-over-year, as EPYC processor revenue growth offset declines in semi-custom revenue.",
+     [("segment_revenue", "Enterprise, Embedded and Semi-Custom", None, "reported", 2019, 4, 4.65e8, None, None),
+      ("revenue_growth", "Enterprise, Embedded and Semi-Custom", None, "reported", 2019, 4, 7.0, None, None)]),
+    # a new heading for the quarter ends the segment's paragraph
+    (AMD_Q4_19, "Turning to our Enterprise, Embedded and Semi-Custom segment. Revenue of $465 million increased 7%. Now turning "
+                "to the fourth quarter.", "Revenue was $2.13 billion.", [("revenue", None, None, "reported", 2019, 4, 2.13e9, None, None)]),
+    # a segment's margin under its heading is not the company's: no row
+    (MSFT_Q1_FY17, "In commercial cloud, annualized revenue run rate grew.", "Gross margin was 63%.", []),
+    # a remark about a fiscal year still under way is no reported result
+    (INTC_Q2_16, "", "Moving to the full year, gross margin was 61%.", []),
+    # the same sentence without a paragraph is the quarter's
+    (CSCO_Q4_FY18, "", "Revenue was $49.3 billion, up 3%.",
+     [("revenue", None, None, "reported", 2018, 4, 49.3e9, None, None), ("revenue_growth", None, None, "reported", 2018, 4, 3.0, None, None)]),
+])
+def test_figures_attach_to_the_right_period_segment_and_basis(context, scope, sentence, expected):
+    assert _parsed(context, sentence, scope) == expected
+
+
 # --- revisions -----------------------------------------------------------------------------------
 
 

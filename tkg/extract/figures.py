@@ -34,7 +34,7 @@ from tkg.core.models import PERCENT_METRICS, RawFigure
 from tkg.extract.base import DocumentContext
 from tkg.extract.periods import PeriodResolver
 
-FIGURE_RULES_VERSION = "figures-2"
+FIGURE_RULES_VERSION = "figures-3"
 
 # Synonyms, longest first so 'operating expense' wins over 'operating'.
 _SYNONYMS = {
@@ -93,6 +93,9 @@ _PAST_OUTLOOK = re.compile(
     r"upper|lower) end of|the midpoint of|within|versus|vs\.?|compared (?:to|with)|relative to)\s+(?:\w+\s+){0,3}?"
     r"(?:guidance|outlook|expectations?|forecast|guide)|as (?:we |I )?(?:had )?(?:expected|anticipated|forecast(?:ed)?|guided|projected))\b",
     re.IGNORECASE)
+# The level measured against an outlook: 'within our guidance range at $50.6 billion' ('at' the level).
+_LEVEL_AGAINST_OUTLOOK = re.compile(r"\b(?:within|in line with|at the (?:high|low|upper|lower|top) end of|above|ahead of)\s+"
+                                    r"(?:\w+\s+){0,3}?(?:guidance|outlook|expectations?)(?: range)?,?\s+at\s*$", re.IGNORECASE)
 _REPORTED_CUE = re.compile(
     r"\b(?:was|were|came in|totaled|totalled|reached|grew|rose|increased|decreased|declined|fell|reported|delivered|"
     r"generated|posted|achieved|ended|finished|had|climbed|dropped|improved)\b",
@@ -363,7 +366,9 @@ _NOT_THE_METRIC = re.compile(r"(?:\b(?:cost|costs|percent|percentage|share|porti
                              re.IGNORECASE)
 # After a metric: 'revenue in the quarter' names a period, 'revenue from China' a part of the total.
 _PERIOD_AFTER = re.compile(r"(?:the\s+|this\s+|that\s+)?(?:quarter|year|period|first|second|third|fourth|full|fiscal|FY|Q[1-4]|"
-                           r"\d|calendar|constant currency|\$|€|EUR|USD|total|all|each|every|our guidance|the guidance)", re.IGNORECASE)
+                           r"\d|calendar|constant currency|\$|€|EUR|USD|total|all|each|every|our guidance|the guidance|"
+                           # 'revenue in the range of $2.8 billion to $3.1 billion' names the amount, not a part
+                           r"(?:an?\s+|the\s+)?(?:range|line|amount|neighborhood|ballpark|area|mid|high|low|upper|lower)\b)", re.IGNORECASE)
 _BARE_YEAR = re.compile(r"\b(?:in|for|of|during|calendar|year)\s+(20\d\d)\b(?!\s*(?:and|to|-)\s*20)|"
                         # '2019 revenue was $6.73 billion': the year names the figure's period
                         r"(?:^|[.;:]\s*|\b(?:our|the|full|total|fiscal)\s+)(20\d\d)\s+(?=(?:[\w-]+\s+){0,2}?(?:revenues?|sales|"
@@ -503,6 +508,7 @@ class FigureParser:
             metric = "revenue_growth"  # 'revenue was $271 million, up 14%'
         else:
             near = _RANGE_WORDS.sub(" ", clause[max(window_start, end, amount.start - 40):amount.start])
+            near = _LEVEL_AGAINST_OUTLOOK.sub(" at ", near)  # 'landed within our guidance range at $50.6 billion'
             if not amount.change_then_level and (_COMPARISON_BEFORE.search(near) or _CHANGE_BEFORE.search(near)):
                 return None  # 'up from $1.20 billion', 'ahead of our outlook of $280 million', 'by $50 million'
             if amount.unit == "percent" and _PERCENT_OF_REVENUE.search(after):
