@@ -99,7 +99,7 @@ def test_plans_calls_tools_and_cites_what_it_was_sent(graph, server, model, tmp_
     assert server.stats().requests == {expected_endpoint: 4} and stats.requests == 4
     first, second, third = model.agent_requests()
     assert {tool.get("name") or tool["function"]["name"] for tool in first.body["tools"]} == {
-        "find_entity", "factual_qa", "timeline", "search", "trend_analysis"}
+        "find_entity", "factual_qa", "timeline", "search", "trend_analysis", "metrics", "office_holders"}
     assert "[" in first.messages[0][1] and "event" in first.messages[0][1]  # the agent prompt asks for citations
     assert all(step in first.input_text for step in TASKS) and QUESTION in first.input_text
     assert tool_outputs(first) == []

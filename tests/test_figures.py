@@ -163,6 +163,21 @@ def _parsed(context: DocumentContext, sentence: str, scope: str = "") -> list[tu
     (MSFT_Q1_FY17, "In commercial cloud, annualized revenue run rate grew.", "Gross margin was 63%.", []),
     # a remark about a fiscal year still under way is no reported result
     (INTC_Q2_16, "", "Moving to the full year, gross margin was 61%.", []),
+    # a year-ago amount joined by 'or' to the compared amount is a comparison too
+    (_context("AMD", "2017-10-24", "Q3 2017", 12), "", "Net income was $110 million or diluted earnings of $0.10 per share as "
+     "compared to $27 million or $0.03 per share a year ago.",
+     [("net_income", None, None, "reported", 2017, 3, 1.1e8, None, None), ("eps", None, None, "reported", 2017, 3, 0.1, None, None)]),
+    # 'an improvement of $155 million' is the change; the negative level keeps its sign
+    (_context("AMD", "2020-04-28", "Q1 2020", 12), "", "Free cash flow was negative $120 million in the first quarter, an "
+     "improvement of $155 million from the prior year.", [("free_cash_flow", None, None, "reported", 2020, 1, -1.2e8, None, None)]),
+    # a percentage of something else ('a 12% cost per bit reduction') is not the margin
+    (_context("MU", "2017-06-29", "Q3 2017", 8), "", "Non-GAAP gross margin was 41%, up 10 percentage points, driven by a 12% cost "
+     "per bit reduction and better product mix.", [("gross_margin", None, "non-GAAP", "reported", 2017, 3, 41.0, None, None)]),
+    # a statement naming its own segment is that segment's, whatever paragraph it is in
+    (_context("INTC", "2016-10-18", "Q3 2016", 12), "In the data center group, revenue grew 10% year over year to a record $4.5 billion.",
+     "Another key growth opportunity for Intel, our Internet of Things business, grew 19% over last year, setting an all-time "
+     "revenue record of nearly $700 million.",
+     [("segment_revenue", "Internet of Things Group", None, "reported", 2016, 3, 7e8, None, None)]),
     # the same sentence without a paragraph is the quarter's
     (CSCO_Q4_FY18, "", "Revenue was $49.3 billion, up 3%.",
      [("revenue", None, None, "reported", 2018, 4, 49.3e9, None, None), ("revenue_growth", None, None, "reported", 2018, 4, 3.0, None, None)]),

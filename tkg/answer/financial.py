@@ -361,7 +361,8 @@ def _figures(graph: Graph, question: str, companies: list[Company], metric: str)
                 if previous is not None and (previous.value, previous.low, previous.high) == (r.value, r.low, r.high):
                     steps[-1] += f", restated {r.call_date} [{r.event_id}]"
                 else:
-                    steps.append(f"{r.amount()}{' (' + r.basis + ')' if r.basis else ''} on {r.call_date} [{r.event_id}]")
+                    restated = f" (restated until {r.last_stated_on})" if r.restatements > 1 else ""
+                    steps.append(f"{r.amount()}{' (' + r.basis + ')' if r.basis else ''} on {r.call_date}{restated} [{r.event_id}]")
                 previous = r
             steps = "; then ".join(steps)
             text = f"{name}'s {label} {what} guidance: {steps}"

@@ -517,7 +517,8 @@ class Graph:
         return [Figure(**row) for row in self.rows(
             f"""
             SELECT company, metric, segment, basis, kind, fiscal_year, fiscal_quarter, value, low, high, unit,
-                   amount_text, statement, event_id, call_date, valid_at, invalid_at, invalidated_by, revision
+                   amount_text, statement, event_id, call_date, valid_at, invalid_at, invalidated_by, revision,
+                   restatements, last_stated_on
             FROM {source}
             WHERE company = $company
               AND ($metric IS NULL OR metric = $metric)
@@ -573,6 +574,8 @@ class Figure:
     invalid_at: datetime | None
     invalidated_by: str | None
     revision: str | None
+    restatements: int = 1  # calls that stated this same guidance, the first included
+    last_stated_on: date | None = None
 
     @property
     def period(self) -> str:

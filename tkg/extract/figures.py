@@ -34,7 +34,7 @@ from tkg.core.models import PERCENT_METRICS, RawFigure
 from tkg.extract.base import DocumentContext
 from tkg.extract.periods import PeriodResolver
 
-FIGURE_RULES_VERSION = "figures-3"
+FIGURE_RULES_VERSION = "figures-4"
 
 # Synonyms, longest first so 'operating expense' wins over 'operating'.
 _SYNONYMS = {
@@ -106,7 +106,10 @@ _GROWTH = re.compile(r"\b(?:up|grew|grow(?:th|ing|s)?|increased?|rose|climbed|ga
 # Just before an amount: the amount is a change or an earlier figure, not the level.
 _APPROXIMATELY = r"(?:approximately |about |roughly |nearly |almost |around |over |more than |just over |just under )?"
 _CHANGE_BEFORE = re.compile(rf"(?:\bby|\b(?:up|down|grew|grow|grows|increased|decreased|rose|fell|declined|improved|climbed|"
-                            rf"dropped|gained|expanded|contracted|higher|lower))\s+{_APPROXIMATELY}$", re.IGNORECASE)
+                            rf"dropped|gained|expanded|contracted|higher|lower)|"
+                            # 'an improvement of $155 million': the change, not the level
+                            rf"\b(?:improvement|increase|decrease|reduction|decline|deterioration|swing|change|benefit|drop|gain)\s+of)"
+                            rf"\s+{_APPROXIMATELY}$", re.IGNORECASE)
 _NEGATIVE_BEFORE = re.compile(r"\b(?:negative|minus|a loss of|loss of)\s+$", re.IGNORECASE)
 # Anywhere in the clause: the figures are not for a fiscal period.
 _CLAUSE_TRAP = re.compile(r"\b(?:(?:last|trailing|past|previous) (?:12|twelve) months|TTM|LTM|trailing|holding currency constant|"
@@ -124,11 +127,11 @@ _TRAP = re.compile(
     r"backlog|contracted|not (?:yet )?recogni[sz]ed|remaining performance obligations?|unearned|deferred|bookings|orders|"
     r"long[- ]term|over time|target model|financial model|dividends?|buy ?backs?|repurchase[sd]?|share repurchases?|"
     r"restructuring|charges?|tax|acquisition|sequential(?:ly)?|cumulative|per year|each year|annually|TAM|market|"
-    r"accretion|goals?|targets?|aspirations?|ambitions?|toward|towards)\b",
+    r"accretion|goals?|targets?|aspirations?|ambitions?|toward|towards|EBITDA|EBIT|average|cross[- ]cycle)\b",
     re.IGNORECASE,
 )
 _AFTER_TRAP = re.compile(
-    r"^\W{0,3}(?:(?:\w+\W+){0,2}?(?:run[- ]rate|headwinds?|tailwinds?|impact|in backlog|of backlog)|a year ago|last year|level\b|"
+    r"^\W{0,3}(?:(?:a |per )(?:diluted )?share,?\s+)?(?:(?:\w+\W+){0,2}?(?:run[- ]rate|headwinds?|tailwinds?|impact|in backlog|of backlog)|a year ago|last year|level\b|"
     r"in the (?:prior|previous|year-ago|same)|in constant currency|sequentially|on a sequential|attributable|related to|due to|"
     r"associated with|(?:from|over|versus|vs\.?|compared (?:to|with)) (?:the )?(?:previous|prior|last|preceding|year-ago) quarter|"
     r"quarter[- ]over[- ]quarter|q/q|QoQ|from (?:our|the) (?:previous|prior|last|original|earlier) (?:guid\w*|outlook|forecast|expectations?)|"
@@ -145,7 +148,7 @@ _DIFFERENCE_AFTER = re.compile(
 _OTHER_AFTER = re.compile(
     r"^\s+(?:(?:(?!(?:and|or|but|while|with|as)\b)[\w-]+\s+){0,2}?(?:" + METRIC_WORDS.pattern.removeprefix(r"\b(").removesuffix(r")\b") + r")\b|"
     r"(?:of |in |for |on )?(?:R&D|SG&A|research|marketing|interest|depreciation|amortization|inventor(?:y|ies)|cash|dividends?|"
-    r"stock|shares|tax(?:es)?)\b)",
+    r"stock|shares|tax(?:es)?|costs?|price|prices|ASPs?|bits?|units?)\b)",
     re.IGNORECASE,
 )
 # Something else the amount is 'of' or 'in': '$33.1 billion in operating cash flow', '$2 billion of buybacks'.
@@ -457,7 +460,13 @@ class FigureParser:
         mentions = [(m.start(), m.end(), _METRIC_OF[m[1].lower()]) for m in METRIC_WORDS.finditer(clause)
                     if not _NOT_THE_METRIC.search(clause[:m.start()])]
         figures, kind, window_start = [], None, 0
+        compared = False  # the amount before was a comparison: '... compared to $27 million or $0.03 per share'
         for index, amount in enumerate(amounts):
+            joined = index > 0 and re.fullmatch(r"\s*(?:,\s*)?(?:or|and)\s+", clause[amounts[index - 1].end:amount.start]) is not None
+            if compared and joined:
+                window_start = amount.end
+                continue
+            compared = _COMPARISON_BEFORE.search(clause[max(window_start, amount.start - 40):amount.start]) is not None
             # The period is read before the amount first, then after it up to the next amount (a
             # later period may belong to something else), then in the statement before the clause.
             region_end = amounts[index + 1].start if index + 1 < len(amounts) else len(clause)
@@ -500,7 +509,12 @@ class FigureParser:
             return None
         if segment is None and section.segment is not None and not re.search(
                 r"\b(?:total|overall|consolidated|company|companywide|corporate)\b", clause[:start], re.IGNORECASE):
-            segment = section.segment  # 'Revenue rose 4% to $189 million' in the paragraph 'Turning to Automotive.'
+            # 'Revenue rose 4% to $189 million' in the paragraph 'Turning to Automotive.'; a statement
+            # naming another segment ('our Internet of Things business ... revenue record') is that one's
+            named = {seg.name for seg in self.segments if seg.pattern.search(period_texts[-1] + clause[:start])}
+            segment = section.segment if not named or named == {section.segment} else (named.pop() if len(named) == 1 else None)
+            if segment is None:
+                return None
 
         since_previous = clause[max(window_start, end):amount.start]
         if amount.unit == "percent" and metric == "revenue" and _GROWTH.search(since_previous) \

@@ -257,18 +257,25 @@ def _said_by_the_company(chunk: dict[str, Any] | None, own_people: set[str], tic
 
 
 def _one_total_per_period(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Of competing company totals of revenue for one period, kind and basis in one call, the
-    largest. A statement whose revenue lost is about a part of the business, so its other
-    company-total figures ('Revenue of $465 million increased 7%', its operating income) go too."""
+    """Of competing company totals of revenue (and operating income, net income, operating
+    expenses) for one period, kind and basis in one call, the largest. A statement whose total
+    lost is about a part of the business, so its other company-total figures ('Revenue of $465
+    million increased 7%', its margin) go too."""
     def key(figure: dict[str, Any]) -> tuple:
         return figure["kind"], figure["basis"], figure["fiscal_year"], figure["fiscal_quarter"], figure["unit"]
 
     largest: dict[tuple, float] = {}
     for figure in figures:
-        if figure["metric"] == "revenue":
-            largest[key(figure)] = max(largest.get(key(figure), figure["value"]), figure["value"])
-    partial = {figure["event_id"] for figure in figures if figure["metric"] == "revenue" and figure["value"] != largest[key(figure)]}
+        if figure["metric"] in _TOTALS and figure["segment"] is None:
+            largest[(figure["metric"], *key(figure))] = max(largest.get((figure["metric"], *key(figure)), abs(figure["value"])),
+                                                            abs(figure["value"]))
+    partial = {figure["event_id"] for figure in figures if figure["metric"] in _TOTALS and figure["segment"] is None
+               and abs(figure["value"]) != largest[(figure["metric"], *key(figure))]}
     return [figure for figure in figures if figure["event_id"] not in partial or figure["segment"] is not None]
+
+
+# Amounts a company states one total of per period: a smaller one in the same call is a part's.
+_TOTALS = frozenset({"revenue", "operating_income", "net_income", "operating_expenses"})
 
 
 def build_entity_mentions(job: StageJob) -> StageResult:
