@@ -34,7 +34,7 @@ from tkg.core.models import PERCENT_METRICS, RawFigure
 from tkg.extract.base import DocumentContext
 from tkg.extract.periods import PeriodResolver
 
-FIGURE_RULES_VERSION = "figures-4"
+FIGURE_RULES_VERSION = "figures-5"
 
 # Synonyms, longest first so 'operating expense' wins over 'operating'.
 _SYNONYMS = {
@@ -42,9 +42,9 @@ _SYNONYMS = {
                 "net sales", "total sales", "revenues", "revenue", "top line", "sales"),
     "gross_margin": ("gross profit margin", "gross margins", "gross margin"),
     "operating_margin": ("operating profit margin", "operating margins", "operating margin"),
-    "operating_income": ("income from operations", "operating income", "operating profit"),
+    "operating_income": ("income from operations", "operating income", "operating profit", "operating loss"),
     "operating_expenses": ("operating expenses", "operating expense", "operating costs", "opex"),
-    "net_income": ("net income", "net earnings", "net profit"),
+    "net_income": ("net income", "net earnings", "net profit", "net loss"),
     "eps": ("diluted earnings per share", "earnings per share", "eps"),
     "capex": ("capital expenditures", "capital expenditure", "capital spending", "capex"),
     "free_cash_flow": ("free cash flow",),
@@ -462,7 +462,8 @@ class FigureParser:
         figures, kind, window_start = [], None, 0
         compared = False  # the amount before was a comparison: '... compared to $27 million or $0.03 per share'
         for index, amount in enumerate(amounts):
-            joined = index > 0 and re.fullmatch(r"\s*(?:,\s*)?(?:or|and)\s+", clause[amounts[index - 1].end:amount.start]) is not None
+            joined = index > 0 and re.fullmatch(r"[^$€£¥;%]{0,30}?(?:,\s*)?\b(?:or|and)\s+",
+                                                clause[amounts[index - 1].end:amount.start]) is not None
             if compared and joined:
                 window_start = amount.end
                 continue
@@ -480,6 +481,11 @@ class FigureParser:
                                                                              section or _NO_SECTION)):
                 figures.append(figure)
             window_start = amount.end
+        if any(figure.segment for figure in figures):
+            # a clause about a segment ('storage business unit posted revenue of $719 million ... with an
+            # operating loss of $62 million'): its other figures are the segment's, which have no row
+            figures = [figure for figure in figures if figure.segment or figure.metric.value == "revenue"
+                       and re.search(r"\b(?:total|company|consolidated)\b", clause, re.IGNORECASE)]
         return kind, figures
 
     @staticmethod
@@ -504,14 +510,25 @@ class FigureParser:
             return None
         if len(between) > 90 or (METRIC_WORDS.search(between) and metric != "eps"):
             return None  # too far from its metric, or another metric stands between them
+        if re.match(r"\s*(?:guidance|outlook|forecast|expectations?|target)\s+(?:was|were|had been)\b", between, re.IGNORECASE):
+            return None  # 'the gross margin guidance was 57% to 60%': an earlier outlook recalled, neither result nor guidance
+        before = period_texts[-1] + clause[:start]
+        if re.search(r"\b(?:excluding|ex-|without)\s+(?:the\s+)?(?:[\w&-]+\s+){0,3}?$", before, re.IGNORECASE) or any(
+                re.search(r"\b(?:excluding|without)\s+(?:the\s+)?$", before[:found.start()], re.IGNORECASE)
+                for seg in self.segments for found in seg.pattern.finditer(before)):
+            return None  # 'Excluding LinkedIn, our revenue was ...': neither the total nor the segment
         segment, known = self._segment(clause, start, end, period_texts[-1])
         if not known:
             return None
         if segment is None and section.segment is not None and not re.search(
-                r"\b(?:total|overall|consolidated|company|companywide|corporate)\b", clause[:start], re.IGNORECASE):
+                r"\b(?:total|overall|consolidated|company|companywide|corporate)\b", clause[:end], re.IGNORECASE):
             # 'Revenue rose 4% to $189 million' in the paragraph 'Turning to Automotive.'; a statement
             # naming another segment ('our Internet of Things business ... revenue record') is that one's
-            named = {seg.name for seg in self.segments if seg.pattern.search(period_texts[-1] + clause[:start])}
+            named = {seg.name for seg in self.segments for found in seg.pattern.finditer(period_texts[-1] + clause[:start])
+                     if not re.search(r"\b(?:excluding|ex|without|other than|outside(?: of)?)\W*$",
+                                      (period_texts[-1] + clause[:start])[:found.start()], re.IGNORECASE)}
+            if re.search(r"\b(?:excluding|ex|without)\b", clause[:start], re.IGNORECASE):
+                return None  # 'Excluding LinkedIn, our revenue was ...': neither the total nor the segment
             segment = section.segment if not named or named == {section.segment} else (named.pop() if len(named) == 1 else None)
             if segment is None:
                 return None
