@@ -194,6 +194,28 @@ def _parsed(context: DocumentContext, sentence: str, scope: str = "") -> list[tu
      [("free_cash_flow", None, "non-GAAP", "reported", 2019, 4, 2.6e8, None, None)]),
     # an earlier outlook recalled in Q&A is neither a result nor guidance
     (_context("MU", "2018-09-20", "Q4 2018", 8), "", "So, first of all, the gross margin guidance was 57% to 60%.", []),
+    # growth in constant currency beside the reported figure leaves the figure alone
+    (_context("MSFT", "2019-07-18", "Q4 2019", 6), "", "Microsoft's fourth quarter revenue was $33.7 billion, up 12% and 14% in "
+     "constant currency.", [("revenue", None, None, "reported", 2019, 4, 33.7e9, None, None),
+                            ("revenue_growth", None, None, "reported", 2019, 4, 12.0, None, None)]),
+    # a sentence restated at fixed exchange rates gives no row
+    (_context("GOOGL", "2016-07-28", "Q2 2016", 12), "", "In fixed FX terms, revenues were up 26% year over year.", []),
+    (_context("GOOGL", "2016-07-28", "Q2 2016", 12), "", "Holding currency constant to prior periods, our total revenue grew 25% year "
+     "over year and increased 5% sequentially.", []),
+    # each amount takes the segment named nearest before its metric
+    (_context("AAPL", "2020-01-28", "Q1 2020", 9), "", "Mac revenue was $7.2b and iPad revenue was $6b.",
+     [("segment_revenue", "Mac", None, "reported", 2020, 1, 7.2e9, None, None),
+      ("segment_revenue", "iPad", None, "reported", 2020, 1, 6e9, None, None)]),
+    # each amount takes the period named since the amount before it
+    (_context("MU", "2017-09-26", "Q4 2017", 8), "", "Free cash flow for the quarter was $1.7 billion and, for the full year, was "
+     "$3.3 billion compared to negative $2.7 billion in fiscal 2016.",
+     [("free_cash_flow", None, None, "reported", 2017, 4, 1.7e9, None, None),
+      ("free_cash_flow", None, None, "reported", 2017, None, 3.3e9, None, None)]),
+    # what it would have been, what it includes, and a benefit to a figure are not the figure
+    (_context("ASML", "2019-01-23", "Q4 2018", 12), "", "ASML's gross margin for 2018 was 46%, which would have been 47.2% without "
+     "the Nikon settlement charges.", [("gross_margin", None, None, "reported", 2018, None, 46.0, None, None)]),
+    (_context("CSCO", "2016-02-10", "Q2 2016", 7), "", "The total impact of these and other immaterial items was a benefit to GAAP "
+     "EPS of $0.13.", []),
     # the same sentence without a paragraph is the quarter's
     (CSCO_Q4_FY18, "", "Revenue was $49.3 billion, up 3%.",
      [("revenue", None, None, "reported", 2018, 4, 49.3e9, None, None), ("revenue_growth", None, None, "reported", 2018, 4, 3.0, None, None)]),

@@ -34,7 +34,7 @@ from tkg.core.models import PERCENT_METRICS, RawFigure
 from tkg.extract.base import DocumentContext
 from tkg.extract.periods import PeriodResolver
 
-FIGURE_RULES_VERSION = "figures-5"
+FIGURE_RULES_VERSION = "figures-7"
 
 # Synonyms, longest first so 'operating expense' wins over 'operating'.
 _SYNONYMS = {
@@ -113,12 +113,12 @@ _CHANGE_BEFORE = re.compile(rf"(?:\bby|\b(?:up|down|grew|grow|grows|increased|de
 _NEGATIVE_BEFORE = re.compile(r"\b(?:negative|minus|a loss of|loss of)\s+$", re.IGNORECASE)
 # Anywhere in the clause: the figures are not for a fiscal period.
 _CLAUSE_TRAP = re.compile(r"\b(?:(?:last|trailing|past|previous) (?:12|twelve) months|TTM|LTM|trailing|holding currency constant|"
-                          r"(?:in|on an?) (?:fixed|constant)[- ](?:FX|currency|exchange[- ]rate)s?(?: terms| basis)?|"
+                          r"in fixed[- ](?:FX|currency|exchange[- ]rates?)(?: terms)?|"
                           r"(?:on|at) a constant currency basis|at constant currency|excluding (?:the impact of )?(?:FX|foreign exchange|"
                           r"currency))\b", re.IGNORECASE)
 _COMPARISON_BEFORE = re.compile(
     r"\b(?:from|compared (?:to|with)|versus|vs\.?|relative to|ahead of|above|below|in line with|within|exceed(?:ed|ing)?|"
-    r"beat|prior|previous|original(?:ly)?|last year|a year ago|year-ago|prior[- ]year)\b",
+    r"beat|prior|previous|original(?:ly)?|last year|a year ago|year-ago|prior[- ]year|would have been|including|includ(?:es|ed))\b",
     re.IGNORECASE,
 )
 # Anywhere between the metric and the amount, or just after it: the amount is not the metric's total.
@@ -126,7 +126,7 @@ _TRAP = re.compile(
     r"\b(?:run[- ]rate|annuali[sz]ed|headwinds?|tailwinds?|impact(?:ed)?|foreign exchange|FX|currenc(?:y|ies)|"
     r"backlog|contracted|not (?:yet )?recogni[sz]ed|remaining performance obligations?|unearned|deferred|bookings|orders|"
     r"long[- ]term|over time|target model|financial model|dividends?|buy ?backs?|repurchase[sd]?|share repurchases?|"
-    r"restructuring|charges?|tax|acquisition|sequential(?:ly)?|cumulative|per year|each year|annually|TAM|market|"
+    r"restructuring|charges?|tax|acquisition|benefits?|sequential(?:ly)?|cumulative|per year|each year|annually|TAM|market|"
     r"accretion|goals?|targets?|aspirations?|ambitions?|toward|towards|EBITDA|EBIT|average|cross[- ]cycle)\b",
     re.IGNORECASE,
 )
@@ -345,6 +345,9 @@ def _basis(text: str, last: bool) -> str | None:
 
 
 _DIGIT = re.compile(r"\d")
+# An opener that restates the whole sentence at other exchange rates: 'In constant currency, revenue grew 9%'.
+_CONSTANT_CURRENCY_OPENER = re.compile(r"^\W*(?:in|on an?|at) (?:fixed|constant)[- ](?:FX|currency|exchange[- ]rates?)(?: terms| basis)?\W*$",
+                                       re.IGNORECASE)
 # A basis stated for what follows: 'On a non-GAAP basis, ...', 'In GAAP terms, ...', 'Non-GAAP:'.
 _BASIS_PHRASE = re.compile(r"\b(?:on an? |in )(non[- ]GAAP|GAAP)\s+(?:basis|terms)\b|^\W*(non[- ]GAAP|GAAP)\s*[:,-]", re.IGNORECASE)
 
@@ -454,7 +457,8 @@ class FigureParser:
         """Figures of one clause; `earlier` is the statement's text before it (where a period
         such as 'For the full year 2024, we expect ...' may stand)."""
         amounts = _amounts(clause)
-        if not amounts or _CLAUSE_TRAP.search(clause) or (not _DIGIT.search(earlier) and _CLAUSE_TRAP.search(earlier)):
+        if not amounts or _CLAUSE_TRAP.search(clause) or (not _DIGIT.search(earlier) and (
+                _CLAUSE_TRAP.search(earlier) or _CONSTANT_CURRENCY_OPENER.search(earlier))):
             return None, []  # also an opener that holds for the statement: 'Holding currency constant, our revenue grew 25%'
 
         mentions = [(m.start(), m.end(), _METRIC_OF[m[1].lower()]) for m in METRIC_WORDS.finditer(clause)
@@ -471,7 +475,9 @@ class FigureParser:
             # The period is read before the amount first, then after it up to the next amount (a
             # later period may belong to something else), then in the statement before the clause.
             region_end = amounts[index + 1].start if index + 1 < len(amounts) else len(clause)
-            periods = (clause[:amount.start], clause[amount.end:region_end], earlier)
+            # the period named since the previous amount first: '... for the quarter was $1.7 billion and, for the
+            # full year, was $3.3 billion'
+            periods = (clause[window_start:amount.start], clause[:amount.start], clause[amount.end:region_end], earlier)
             kind = self._kind(clause[:amount.start], default_kind)
             mention = next(((s, e, m) for s, e, m in reversed(mentions) if e <= amount.start), None)
             if mention is None and _PER_SHARE.search(clause[amount.end:]) and re.search(
@@ -570,8 +576,13 @@ class FigureParser:
         window = (earlier + clause[:metric_start])[-60:]
         tail = re.match(r"\s+(from|in|for)\s+(?:the\s+|our\s+|its\s+)?", clause[metric_end:])
         following = clause[metric_end + tail.end():] if tail else ""
+        # the segment named nearest before the metric: 'Mac revenue was $7.2b and iPad revenue was $6b'
+        nearest = max(((found.end(), segment.name) for segment in self.segments for found in segment.pattern.finditer(window)),
+                      default=None)
+        if nearest is not None:
+            return nearest[1], True
         for segment in self.segments:
-            if segment.pattern.search(window) or (following and segment.pattern.match(following)):
+            if following and segment.pattern.match(following):
                 return segment.name, True
         if tail and not _PERIOD_AFTER.match(following) and (
                 tail[1] != "for" or re.match(r"[\w&-]+(?:\s+[\w&-]+)?\s+(?:business|segment|group|division|unit|products?)\b", following)):
