@@ -347,3 +347,15 @@ def test_ask_answers_the_analyst_questions_on_the_corpus(corpus):
     cfos = said("Intel CFO timeline 2016–2020")
     assert cfos.index("Stacy Smith") < cfos.index("Robert H. Swan") < cfos.index("George S. Davis")
     assert said("Amazon CEO in 2018").startswith("Not in the data")
+
+
+@pytest.mark.slow
+def test_an_interim_tenure_closes_when_the_permanent_one_starts(corpus):
+    """Issue 25: Robert H. Swan was Intel's interim CEO from July 2018, then CEO: the interim
+    tenure ends where the permanent one starts, so the two never overlap."""
+    rows = corpus.rows("SELECT title, started_at, ended_at FROM officer_tenures WHERE office = 'CEO of Intel Corporation' "
+                       "AND person = 'Robert H. Swan' ORDER BY started_at")
+    interim = [row for row in rows if "interim" in row["title"].lower()]
+    permanent = [row for row in rows if "interim" not in row["title"].lower()]
+    assert interim and permanent
+    assert interim[0]["ended_at"] == permanent[0]["started_at"]
