@@ -216,6 +216,12 @@ def _parsed(context: DocumentContext, sentence: str, scope: str = "") -> list[tu
      "the Nikon settlement charges.", [("gross_margin", None, None, "reported", 2018, None, 46.0, None, None)]),
     (_context("CSCO", "2016-02-10", "Q2 2016", 7), "", "The total impact of these and other immaterial items was a benefit to GAAP "
      "EPS of $0.13.", []),
+    # a segment named well before its metric, and a total after a segment's figure
+    (_context("MSFT", "2017-04-27", "Q3 2017", 6), "", "The Intelligent Cloud segment delivered approximately $6.8 billion in "
+     "revenue, growing 11% and 12% in constant currency.", [("revenue_growth", "Intelligent Cloud", None, "reported", 2017, 3, 11.0, None, None)]),
+    (_context("MSFT", "2017-04-27", "Q3 2017", 6), "", "Intelligent Cloud revenue was $6.8 billion, and total revenue was $23.6 billion.",
+     [("segment_revenue", "Intelligent Cloud", None, "reported", 2017, 3, 6.8e9, None, None),
+      ("revenue", None, None, "reported", 2017, 3, 23.6e9, None, None)]),
     # the same sentence without a paragraph is the quarter's
     (CSCO_Q4_FY18, "", "Revenue was $49.3 billion, up 3%.",
      [("revenue", None, None, "reported", 2018, 4, 49.3e9, None, None), ("revenue_growth", None, None, "reported", 2018, 4, 3.0, None, None)]),

@@ -34,7 +34,7 @@ from tkg.core.models import PERCENT_METRICS, RawFigure
 from tkg.extract.base import DocumentContext
 from tkg.extract.periods import PeriodResolver
 
-FIGURE_RULES_VERSION = "figures-7"
+FIGURE_RULES_VERSION = "figures-8"
 
 # Synonyms, longest first so 'operating expense' wins over 'operating'.
 _SYNONYMS = {
@@ -573,7 +573,11 @@ class FigureParser:
         """The registry segment the metric is qualified by (None: the total), and False when
         a part of the business the registry does not name qualifies it ('services revenue').
         `earlier` is the statement before the clause ('In Intelligent Cloud, we expect ...')."""
-        window = (earlier + clause[:metric_start])[-60:]
+        if re.search(r"\b(?:total|overall|consolidated|company(?:wide)?|corporate)\s+(?:net\s+)?$", clause[:metric_start],
+                     re.IGNORECASE) or re.match(r"total\b", clause[metric_start:metric_end], re.IGNORECASE):
+            return None, True  # 'and total revenue was ...' after a segment's figure
+        # far enough back for 'The Intelligent Cloud segment delivered approximately $6.8 billion in revenue, growing 11%'
+        window = (earlier + clause[:metric_start])[-100:]
         tail = re.match(r"\s+(from|in|for)\s+(?:the\s+|our\s+|its\s+)?", clause[metric_end:])
         following = clause[metric_end + tail.end():] if tail else ""
         # the segment named nearest before the metric: 'Mac revenue was $7.2b and iPad revenue was $6b'
