@@ -99,7 +99,7 @@ def test_plans_calls_tools_and_cites_what_it_was_sent(graph, server, model, tmp_
     assert server.stats().requests == {expected_endpoint: 4} and stats.requests == 4
     first, second, third = model.agent_requests()
     assert {tool.get("name") or tool["function"]["name"] for tool in first.body["tools"]} == {
-        "find_entity", "factual_qa", "timeline", "search", "trend_analysis"}
+        "find_entity", "factual_qa", "timeline", "search", "trend_analysis", "metrics", "office_holders"}
     assert "[" in first.messages[0][1] and "event" in first.messages[0][1]  # the agent prompt asks for citations
     assert all(step in first.input_text for step in TASKS) and QUESTION in first.input_text
     assert tool_outputs(first) == []
@@ -190,3 +190,41 @@ def test_tool_errors_go_back_to_the_model(graph, server, model, tmp_path):
     assert "no entity called 'Nonexistent Widgets Corp'" in sent[1]
     assert "k must be between 1 and 50" in sent[2]
     assert "not valid JSON" in sent[3] and result.tool_calls[3].arguments == {"_raw": '{"name": '}
+
+
+METRICS_ARGUMENTS = {"company": "Helio Robotics", "metric": "revenue", "fiscal_year": 2024, "fiscal_quarter": None,
+                     "full_year": True, "kind": "guidance", "segment": None, "as_of": None}
+
+
+@pytest.mark.parametrize("api_mode", ["responses", "chat"])
+def test_the_agent_reads_metrics_and_offices_and_cites_the_rows(graph, server, model, tmp_path, api_mode):
+    """Issue 25: the model gets the figures and offices tools; what it cites comes back first."""
+    seen: list[ParsedRequest] = []
+
+    def responder(request: ParsedRequest):
+        seen.append(request)
+        if request.schema_name == "PlanOut":
+            return {"research_tasks": ["Read Helio's FY2024 revenue guidance and its revisions from metrics"]}
+        outputs = tool_outputs(request)
+        if not outputs:
+            return [FunctionCall("metrics", METRICS_ARGUMENTS),
+                    FunctionCall("office_holders", {"company": "HLIO", "role": "CFO", "start": "2024-01-01", "end": "2024-12-31"}),
+                    FunctionCall("metrics", {**METRICS_ARGUMENTS, "company": "Amazon"})]
+        figures = json.loads(outputs[0][1])["figures"]
+        last = figures[-1]
+        return f"Helio guided FY2024 revenue to {last['amount']} on {last['call_date']} [{last['event_id']}]."
+
+    server.set_responder(responder)
+    result = answer_with_model(graph, "How did Helio's FY2024 revenue guidance change?", Settings.resolve(home=tmp_path,
+                                                                                                        api_mode=api_mode))
+    assert [(call.tool, call.results, call.error) for call in result.tool_calls] == [
+        ("metrics", 2, None), ("office_holders", 2, None), ("metrics", 0, None)]
+    figures, holders, amazon = (json.loads(output) for _, output in tool_outputs(seen[-1]))
+    # the chain, oldest first, the first value retired by the raise and restated once before it
+    assert [(f["amount"], f["invalid_at"] is not None) for f in figures["figures"]] == [("$1.2 billion", True), ("$1.35 billion", False)]
+    assert "revised from" in figures["figures"][0]["revision"]
+    assert [h["person"] for h in holders["holders"]] == ["Dana Whitfield", "Marcus J. Ortega"]
+    assert amazon["total"] == 0 and "not in the data" in amazon["note"]
+    assert result.answer == f"Helio guided FY2024 revenue to $1.35 billion on 2024-08-06 [{figures['figures'][1]['event_id']}]."
+    cited = result.facts[0]
+    assert (cited.event_id, cited.predicate, cited.value) == (figures["figures"][1]["event_id"], "guidance revenue", "$1.35 billion")

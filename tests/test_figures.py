@@ -118,6 +118,118 @@ def test_a_segment_named_before_the_clause_keeps_its_figure_out_of_the_total():
     assert found == [("segment_revenue", "Productivity and Business Processes", None, "guidance", 2019, 3, 10e9, 9.9e9, 10.1e9, "USD")]
 
 
+# --- issue 25: each kind of misfiled figure, from real sentences of the corpus -------------------
+
+INTC_Q3_19 = _context("INTC", "2019-10-24", "Q3 2019", 12)
+MU_Q2_FY16 = _context("MU", "2016-03-30", "Q2 2016", 8)  # fiscal year ends in August
+AAPL_Q2_FY16 = _context("AAPL", "2016-04-26", "Q2 2016", 9)
+CSCO_Q4_FY18 = _context("CSCO", "2018-08-15", "Q4 2018", 7)
+AMD_Q4_19 = _context("AMD", "2020-01-28", "Q4 2019", 12)
+
+
+def _parsed(context: DocumentContext, sentence: str, scope: str = "") -> list[tuple]:
+    return [(f.metric.value, f.segment, f.basis, f.kind.value, f.fiscal_year, f.fiscal_quarter, f.value, f.low, f.high)
+            for f in figure_parser(context).parse(sentence, False, scope)]
+
+
+@pytest.mark.parametrize("context, scope, sentence, expected", [
+    # a difference from the guide is not the figure
+    (INTC_Q3_19, "", "Q3 EPS was $1.42, $0.18 above our guide.", [("eps", None, None, "reported", 2019, 3, 1.42, None, None)]),
+    # a signed range keeps its sign, and a stated basis holds for every clause of the sentence
+    (MU_Q2_FY16, "", "On a non-GAAP basis, we expect the following: consolidated revenue in the range of $2.8 billion to $3.1 "
+                     "billion, gross margin in the range of 16.5% to 19%, operating expenses between $560 million and $610 "
+                     "million, operating income ranging between a loss of $70 million and income of $10 million.",
+     [("revenue", None, "non-GAAP", "guidance", 2016, 3, 2.95e9, 2.8e9, 3.1e9),
+      ("gross_margin", None, "non-GAAP", "guidance", 2016, 3, 17.75, 16.5, 19.0),
+      ("operating_expenses", None, "non-GAAP", "guidance", 2016, 3, 5.85e8, 5.6e8, 6.1e8),
+      ("operating_income", None, "non-GAAP", "guidance", 2016, 3, -3e7, -7e7, 1e7)]),
+    # a result measured against the outlook is a result, and the year-ago amount is not the figure
+    (AAPL_Q2_FY16, "", "Revenue for the quarter landed within our guidance range at $50.6 billion, compared to $58 billion in "
+                       "the year-ago quarter, a decline of 13%.", [("revenue", None, None, "reported", 2016, 2, 50.6e9, None, None)]),
+    # a full-year paragraph: its heading sets the period of the figures under it
+    (CSCO_Q4_FY18, "I'll now cover the full fiscal year. We delivered solid revenue, margins, net income, EPS and operating "
+                   "cash flows.", "Revenue was $49.3 billion, up 3%.",
+     [("revenue", None, None, "reported", 2018, None, 49.3e9, None, None),
+      ("revenue_growth", None, None, "reported", 2018, None, 3.0, None, None)]),
+    # a segment's paragraph: 'Revenue' under its heading is the segment's, not the company's
+    (AMD_Q4_19, "Turning to our Enterprise, Embedded and Semi-Custom segment.",
+     "Revenue of $465 million increased 7% year-over-year, as EPYC processor revenue growth offset declines in semi-custom revenue.",
+     [("segment_revenue", "Enterprise, Embedded and Semi-Custom", None, "reported", 2019, 4, 4.65e8, None, None),
+      ("revenue_growth", "Enterprise, Embedded and Semi-Custom", None, "reported", 2019, 4, 7.0, None, None)]),
+    # a new heading for the quarter ends the segment's paragraph
+    (AMD_Q4_19, "Turning to our Enterprise, Embedded and Semi-Custom segment. Revenue of $465 million increased 7%. Now turning "
+                "to the fourth quarter.", "Revenue was $2.13 billion.", [("revenue", None, None, "reported", 2019, 4, 2.13e9, None, None)]),
+    # a segment's margin under its heading is not the company's: no row
+    (MSFT_Q1_FY17, "In commercial cloud, annualized revenue run rate grew.", "Gross margin was 63%.", []),
+    # a remark about a fiscal year still under way is no reported result
+    (INTC_Q2_16, "", "Moving to the full year, gross margin was 61%.", []),
+    # a year-ago amount joined by 'or' to the compared amount is a comparison too
+    (_context("AMD", "2017-10-24", "Q3 2017", 12), "", "Net income was $110 million or diluted earnings of $0.10 per share as "
+     "compared to $27 million or $0.03 per share a year ago.",
+     [("net_income", None, None, "reported", 2017, 3, 1.1e8, None, None), ("eps", None, None, "reported", 2017, 3, 0.1, None, None)]),
+    # 'an improvement of $155 million' is the change; the negative level keeps its sign
+    (_context("AMD", "2020-04-28", "Q1 2020", 12), "", "Free cash flow was negative $120 million in the first quarter, an "
+     "improvement of $155 million from the prior year.", [("free_cash_flow", None, None, "reported", 2020, 1, -1.2e8, None, None)]),
+    # a percentage of something else ('a 12% cost per bit reduction') is not the margin
+    (_context("MU", "2017-06-29", "Q3 2017", 8), "", "Non-GAAP gross margin was 41%, up 10 percentage points, driven by a 12% cost "
+     "per bit reduction and better product mix.", [("gross_margin", None, "non-GAAP", "reported", 2017, 3, 41.0, None, None)]),
+    # a statement naming its own segment is that segment's, whatever paragraph it is in
+    (_context("INTC", "2016-10-18", "Q3 2016", 12), "In the data center group, revenue grew 10% year over year to a record $4.5 billion.",
+     "Another key growth opportunity for Intel, our Internet of Things business, grew 19% over last year, setting an all-time "
+     "revenue record of nearly $700 million.",
+     [("segment_revenue", "Internet of Things Group", None, "reported", 2016, 3, 7e8, None, None)]),
+    # 'Total revenue' under a segment's heading is the company's
+    (_context("GOOGL", "2016-10-27", "Q3 2016", 12), "For the third quarter, Other Bets revenue was $197 million, primarily "
+     "generated by Nest, Fiber and Verily.", "Total revenue was $22.5 billion, up 20% year over year, and up 4% sequentially.",
+     [("revenue", None, None, "reported", 2016, 3, 22.5e9, None, None), ("revenue_growth", None, None, "reported", 2016, 3, 20.0, None, None)]),
+    # a total without a segment is neither the total nor the segment
+    (MSFT_Q1_FY17, "", "Excluding LinkedIn, our second-quarter revenue was $25.8 billion, up 1%, and 3% in constant currency.", []),
+    # a segment's operating loss in its clause is the segment's, which has no row
+    (_context("MU", "2016-06-30", "Q3 2016", 8), "", "Micron storage business unit posted fiscal Q3 revenue of $719 million, down "
+     "20% from the previous quarter with a non-GAAP operating loss of $62 million or 9% of revenue.",
+     [("segment_revenue", "Storage", "non-GAAP", "reported", 2016, 3, 7.19e8, None, None)]),
+    # every amount after 'compared to' is a comparison
+    (_context("MU", "2019-09-26", "Q4 2019", 8), "", "Looking at cash generation, we generated adjusted free cash flow of "
+     "approximately $260 million in fiscal Q4 compared to $500 million in fiscal Q3 and $3.1 billion in the year ago quarter.",
+     [("free_cash_flow", None, "non-GAAP", "reported", 2019, 4, 2.6e8, None, None)]),
+    # an earlier outlook recalled in Q&A is neither a result nor guidance
+    (_context("MU", "2018-09-20", "Q4 2018", 8), "", "So, first of all, the gross margin guidance was 57% to 60%.", []),
+    # growth in constant currency beside the reported figure leaves the figure alone
+    (_context("MSFT", "2019-07-18", "Q4 2019", 6), "", "Microsoft's fourth quarter revenue was $33.7 billion, up 12% and 14% in "
+     "constant currency.", [("revenue", None, None, "reported", 2019, 4, 33.7e9, None, None),
+                            ("revenue_growth", None, None, "reported", 2019, 4, 12.0, None, None)]),
+    # a sentence restated at fixed exchange rates gives no row
+    (_context("GOOGL", "2016-07-28", "Q2 2016", 12), "", "In fixed FX terms, revenues were up 26% year over year.", []),
+    (_context("GOOGL", "2016-07-28", "Q2 2016", 12), "", "Holding currency constant to prior periods, our total revenue grew 25% year "
+     "over year and increased 5% sequentially.", []),
+    # each amount takes the segment named nearest before its metric
+    (_context("AAPL", "2020-01-28", "Q1 2020", 9), "", "Mac revenue was $7.2b and iPad revenue was $6b.",
+     [("segment_revenue", "Mac", None, "reported", 2020, 1, 7.2e9, None, None),
+      ("segment_revenue", "iPad", None, "reported", 2020, 1, 6e9, None, None)]),
+    # each amount takes the period named since the amount before it
+    (_context("MU", "2017-09-26", "Q4 2017", 8), "", "Free cash flow for the quarter was $1.7 billion and, for the full year, was "
+     "$3.3 billion compared to negative $2.7 billion in fiscal 2016.",
+     [("free_cash_flow", None, None, "reported", 2017, 4, 1.7e9, None, None),
+      ("free_cash_flow", None, None, "reported", 2017, None, 3.3e9, None, None)]),
+    # what it would have been, what it includes, and a benefit to a figure are not the figure
+    (_context("ASML", "2019-01-23", "Q4 2018", 12), "", "ASML's gross margin for 2018 was 46%, which would have been 47.2% without "
+     "the Nikon settlement charges.", [("gross_margin", None, None, "reported", 2018, None, 46.0, None, None)]),
+    (_context("CSCO", "2016-02-10", "Q2 2016", 7), "", "The total impact of these and other immaterial items was a benefit to GAAP "
+     "EPS of $0.13.", []),
+    # a segment named well before its metric, and a total after a segment's figure
+    (_context("MSFT", "2017-04-27", "Q3 2017", 6), "", "The Intelligent Cloud segment delivered approximately $6.8 billion in "
+     "revenue, growing 11% and 12% in constant currency.", [("revenue_growth", "Intelligent Cloud", None, "reported", 2017, 3, 11.0, None, None)]),
+    (_context("MSFT", "2017-04-27", "Q3 2017", 6), "", "Intelligent Cloud revenue was $6.8 billion, and total revenue was $23.6 billion.",
+     [("segment_revenue", "Intelligent Cloud", None, "reported", 2017, 3, 6.8e9, None, None),
+      ("revenue", None, None, "reported", 2017, 3, 23.6e9, None, None)]),
+    # the same sentence without a paragraph is the quarter's
+    (CSCO_Q4_FY18, "", "Revenue was $49.3 billion, up 3%.",
+     [("revenue", None, None, "reported", 2018, 4, 49.3e9, None, None), ("revenue_growth", None, None, "reported", 2018, 4, 3.0, None, None)]),
+])
+def test_figures_attach_to_the_right_period_segment_and_basis(context, scope, sentence, expected):
+    assert _parsed(context, sentence, scope) == expected
+
+
 # --- revisions -----------------------------------------------------------------------------------
 
 
@@ -148,8 +260,9 @@ def _retired(rows: list[dict]) -> dict[str, tuple[str, str]]:
 
 
 def test_guidance_is_retired_by_the_next_different_value_and_by_the_actual():
+    # Q2 FY2017 (October-December 2016) closes at the first call after it ended
     assert _retired(CHAIN) == {"jul": ("2017-01-26", "jan"), "oct": ("2017-01-26", "jan"), "jan": ("2017-04-27", "apr"),
-                               "apr": ("2017-07-20", "q4")}
+                               "apr": ("2017-07-20", "q4"), "q2": ("2017-01-26", "jan")}
 
 
 def test_revisions_do_not_depend_on_the_order_figures_arrive_in():
@@ -160,10 +273,37 @@ def test_revisions_do_not_depend_on_the_order_figures_arrive_in():
         assert _retired(shuffled) == expected
 
 
-def test_restating_the_same_value_and_a_different_basis_retire_nothing():
-    rows = [_row("a", "2016-07-19", "guidance", 5e9), _row("b", "2016-10-20", "guidance", 5e9),
+def test_restating_the_same_value_and_a_different_stated_basis_retire_nothing():
+    rows = [_row("a", "2016-07-19", "guidance", 5e9, basis="GAAP"), _row("b", "2016-10-20", "guidance", 5e9, basis="GAAP"),
             _row("c", "2017-01-26", "guidance", 6e9, basis="non-GAAP")]
     assert _retired(rows) == {}
+
+
+def test_one_basis_label_does_not_split_a_chain():
+    """Issue 25: a restatement tagged non-GAAP once in a chain of unstated ones is the same
+    guidance: it revises and is revised as if unlabelled, so one value stands at a time."""
+    rows = [_row("a", "2016-07-19", "guidance", 4.35, metric="eps"), _row("b", "2016-10-20", "guidance", 4.40, metric="eps",
+                                                                        basis="non-GAAP"),
+            _row("c", "2017-01-26", "guidance", 4.55, metric="eps")]
+    assert _retired(rows) == {"a": ("2016-10-20", "b"), "b": ("2017-01-26", "c")}
+    # a call that guides both bases at once restates the unlabelled value by one of them: nothing is revised
+    both = [_row("a", "2016-07-19", "guidance", 4.35, metric="eps"),
+            _row("g", "2016-10-20", "guidance", 3.90, metric="eps", basis="GAAP"),
+            _row("n", "2016-10-20", "guidance", 4.35, metric="eps", basis="non-GAAP")]
+    assert _retired(both) == {}
+
+
+def test_guidance_closes_when_its_period_is_reported_or_over():
+    """Issue 25: guidance for a period is not left standing once the period's results are out,
+    even when the actual of that metric was not recorded (another metric was) or no result was."""
+    rows = [_row("gm", "2016-10-20", "guidance", 64.0, metric="gross_margin", quarter=2),
+            _row("rev", "2017-01-26", "reported", 24.1e9, metric="revenue", quarter=2),
+            _row("q3", "2017-01-26", "guidance", 65.0, metric="gross_margin", quarter=3),
+            _row("later", "2017-07-20", "reported", 23.3e9, metric="revenue", quarter=4)]
+    retired = _retired(rows)
+    assert retired["gm"] == ("2017-01-26", "rev")  # Q2 results published
+    assert retired["q3"] == ("2017-07-20", "later")  # Q3 (January-March 2017) over; the next call came after it
+    assert set(retired) == {"gm", "q3"}
 
 
 def test_an_event_is_retired_only_when_every_figure_it_states_is():

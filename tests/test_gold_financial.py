@@ -112,3 +112,25 @@ def test_gold_guidance_chain_is_revised_at_each_call(warehouse):
             "AND m.fiscal_quarter IS NOT DISTINCT FROM ? AND abs(m.value - ?) < 1e-6 * ?",
             [earlier["company"], metric, year, quarter, _number(earlier, "value"), _number(earlier, "value")]).fetchall()
         assert {(str(invalid), str(stated)) for invalid, stated in rows} == {(later["call_date"], later["call_date"])}, rows
+
+
+def test_reported_keys_rarely_carry_two_values_and_closed_guidance_is_retired(warehouse):
+    """Issue 25, on the whole corpus: a (company, metric, segment, basis, period, call) reported key
+    with two or more values is a misfiled figure (before: 226 of 1,896 keys); guidance whose
+    period has reported results must not stand (before: 136 of 500 rows open)."""
+    conflicts, keys = warehouse.execute(
+        "WITH k AS (SELECT count(DISTINCT (value, low, high)) AS n FROM metrics WHERE kind = 'reported' "
+        "GROUP BY company, metric, segment, basis, fiscal_year, fiscal_quarter, call_date) "
+        "SELECT count(*) FILTER (WHERE n >= 2), count(*) FROM k").fetchone()
+    assert keys > 1500 and conflicts / keys <= 0.05, (conflicts, keys)
+    open_rows, closed_periods = warehouse.execute(
+        "SELECT count(*) FILTER (WHERE g.invalid_at IS NULL), count(*) FROM metrics AS g WHERE g.kind = 'guidance' AND EXISTS ("
+        "SELECT 1 FROM metrics AS r WHERE r.kind = 'reported' AND r.company = g.company AND r.fiscal_year = g.fiscal_year "
+        "AND r.fiscal_quarter IS NOT DISTINCT FROM g.fiscal_quarter)").fetchone()
+    assert closed_periods > 300 and open_rows / closed_periods <= 0.05, (open_rows, closed_periods)
+    # a restatement of the same guidance is one row: no two open guidance rows share key and value
+    duplicated = warehouse.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM metrics WHERE kind = 'guidance' AND invalid_at IS NULL "
+        "GROUP BY company, metric, segment, basis, fiscal_year, fiscal_quarter, unit, value, low, high HAVING count(*) > 1)"
+    ).fetchone()[0]
+    assert duplicated == 0

@@ -31,7 +31,7 @@ import duckdb
 from pydantic import BaseModel
 
 from tkg.answer.ask import Answer, ToolCall
-from tkg.answer.query import _FACT_COLUMNS, EntityMatch, Fact, Graph, QueryError
+from tkg.answer.query import _FACT_COLUMNS, METRIC_NAMES, EntityMatch, Fact, Graph, QueryError
 from tkg.core.models import PREDICATE_DEFINITIONS, Predicate
 from tkg.core.results import StageStats
 from tkg.llm.cache import ResponseCache, cache_key, normalise
@@ -110,6 +110,29 @@ TOOLS: list[dict[str, Any]] = [
                                           "description": "tickers or names; null for every company"},
                                start=_DATE_OR_NULL, end=_DATE_OR_NULL,
                                topic={"type": "string", "description": "what to follow, e.g. 'gross margin guidance'"})},
+    {"name": "metrics",
+     "description": "Financial figures of one company from the metrics table, oldest call first: reported results and "
+                    "guidance, each with its value, range, basis, event_id, statement and the revision that retired it. "
+                    "fiscal_year and fiscal_quarter are the company's own fiscal calendar, as its calls label quarters "
+                    "(quarter null with full_year true: the fiscal year's own figure). as_of keeps what stood on that "
+                    "date: the results reported by then and the guidance in force. Use it for every figure question "
+                    "(revenue, margins, EPS, guidance and how it changed); it says when the company is not covered.",
+     "parameters": _parameters(company={"type": "string", "description": "a ticker or company name"},
+                               metric={"anyOf": [{"type": "string", "enum": list(METRIC_NAMES)}, {"type": "null"}],
+                                       "description": "segment_revenue for a segment's revenue; null for all"},
+                               fiscal_year={"type": ["integer", "null"]},
+                               fiscal_quarter={"type": ["integer", "null"], "description": "1-4, or null"},
+                               full_year={"type": ["boolean", "null"], "description": "only full-year figures"},
+                               kind={"anyOf": [{"type": "string", "enum": ["reported", "guidance"]}, {"type": "null"}]},
+                               segment={"type": ["string", "null"], "description": "a reporting segment; null: the company total"},
+                               as_of=_DATE_OR_NULL)},
+    {"name": "office_holders",
+     "description": "Who held an office (CEO, CFO, COO, President, ...) at a company at some time in [start, end], in "
+                    "order of start: one entry per person and tenure with its start, end and event_id. For 'who was "
+                    "the CFO in June 2017' (start = end = that day) and for office timelines over years.",
+     "parameters": _parameters(company={"type": "string", "description": "a ticker or company name"},
+                               role={"type": "string", "description": "the office, e.g. CFO"},
+                               start=_DATE_OR_NULL, end=_DATE_OR_NULL)},
 ]
 TOOL_NAMES = frozenset(tool["name"] for tool in TOOLS)
 RESPONSES_TOOLS = [{"type": "function", "name": t["name"], "description": t["description"], "parameters": t["parameters"],
@@ -219,6 +242,10 @@ def _run(graph: Graph, name: str, arguments: dict[str, Any]) -> ToolRun:
         facts = graph.search(_text(arguments, "text", required=True), k=k, as_of=_text(arguments, "as_of"),
                              company=_text(arguments, "company"))
         return ToolRun(_json(_facts_result(facts)), len(facts), facts=facts)
+    if name == "metrics":
+        return _metrics_tool(graph, arguments)
+    if name == "office_holders":
+        return _office_tool(graph, arguments)
     # trend_analysis
     companies = arguments.get("companies")
     if companies is not None and (not isinstance(companies, list) or not all(isinstance(c, str) for c in companies)):
@@ -237,6 +264,59 @@ def _run(graph: Graph, name: str, arguments: dict[str, Any]) -> ToolRun:
     if total > len(facts):
         result["note"] = f"showing {len(facts)} of {total} facts; narrow the window or the companies"
     return ToolRun(_json(result), total, facts=facts)
+
+
+def _integer(arguments: dict[str, Any], name: str) -> int | None:
+    value = arguments.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise QueryError(f"{name} must be an integer or null, got {value!r}")
+    return value
+
+
+def _uncovered(graph: Graph, company: str) -> str | None:
+    """Why the graph cannot answer for `company`, or None when it holds its calls."""
+    ticker = graph.company_ticker(company)
+    calls, _, _ = graph.coverage(ticker)
+    return None if calls else f"the graph holds no calls of {ticker}: it cannot say (not in the data)"
+
+
+def _metrics_tool(graph: Graph, arguments: dict[str, Any]) -> ToolRun:
+    from tkg.answer.financial import _fact  # a figure shown as a fact with its evidence
+
+    company = _text(arguments, "company", required=True)
+    if (reason := _uncovered(graph, company)) is not None:
+        return ToolRun(_json({"figures": [], "total": 0, "note": reason}), 0)
+    figures = graph.metrics(company, metric=_text(arguments, "metric"), fiscal_year=_integer(arguments, "fiscal_year"),
+                            fiscal_quarter=_integer(arguments, "fiscal_quarter"), full_year=bool(arguments.get("full_year")),
+                            kind=_text(arguments, "kind"), segment=_text(arguments, "segment"), as_of=_text(arguments, "as_of"))
+    shown = [{"metric": f.metric, "segment": f.segment, "basis": f.basis, "kind": f.kind, "period": f.period,
+              "amount": f.amount(), "value": f.value, "low": f.low, "high": f.high, "unit": f.unit, "call_date": _iso(f.call_date),
+              "event_id": f.event_id, "statement": _short(f.statement), "invalid_at": _iso(f.invalid_at), "revision": f.revision}
+             for f in figures[:MAX_FACTS_PER_RESULT]]
+    result: dict[str, Any] = {"figures": shown, "total": len(figures)}
+    if not figures:
+        calls, first, last = graph.coverage(graph.company_ticker(company))
+        result["note"] = f"no figure matches; the graph holds {calls} calls of this company, {first} to {last}"
+    elif len(figures) > len(shown):
+        result["note"] = f"showing the first {len(shown)} of {len(figures)}; name a metric, period or kind"
+    name = graph.company_ticker(company)
+    return ToolRun(_json(result), len(figures), facts=[_fact(f, name) for f in figures[:MAX_FACTS_PER_RESULT]])
+
+
+def _office_tool(graph: Graph, arguments: dict[str, Any]) -> ToolRun:
+    company = _text(arguments, "company", required=True)
+    if (reason := _uncovered(graph, company)) is not None:
+        return ToolRun(_json({"holders": [], "total": 0, "note": reason}), 0)
+    holders = graph.office_holders(graph.company_ticker(company), _text(arguments, "role", required=True),
+                                   _text(arguments, "start"), _text(arguments, "end"))
+    shown = [{"person": h["person"], "title": h["title"], "started_at": _iso(h["started_at"]), "ended_at": _iso(h["ended_at"]),
+              "event_id": h["event_id"], "statement": _short(h["statement"])} for h in holders[:MAX_FACTS_PER_RESULT]]
+    result: dict[str, Any] = {"holders": shown, "total": len(holders)}
+    if not holders:
+        result["note"] = "no holder of this office is recorded in the window"
+    return ToolRun(_json(result), len(holders), event_ids=[h["event_id"] for h in holders])
 
 
 def _json(value: Any) -> str:

@@ -205,9 +205,18 @@ def answer_offline(graph: Graph, question: str, limit: int = 10) -> Answer:
     """The facts that answer `question`, best first, found without a model."""
     if not question.strip():
         raise QueryError("the question is empty")
+    from tkg.answer.financial import answer_financial  # it imports this module's office words
+
+    financial = answer_financial(graph, question)
+    if financial is not None and financial.own_facts:
+        note = ("No model is configured: the answer is read from the warehouse's tables (metrics, officer_tenures), "
+                "and the facts are the rows it used" + (f"; {'; '.join(financial.notes)}" if financial.notes else "") + ".")
+        return Answer(question, financial.answer, financial.plan,
+                      [ToolCall(tool, arguments, results) for tool, arguments, results in financial.calls],
+                      financial.facts[:max(limit, len(financial.facts))], note)
     reading = read_question(graph, question)
-    plan: list[str] = []
-    calls: list[ToolCall] = []
+    plan: list[str] = list(financial.plan) if financial else []
+    calls: list[ToolCall] = [ToolCall(t, a, r) for t, a, r in financial.calls] if financial else []
     candidates: dict[str, Fact] = {}
     start = reading.period.start if reading.period else None
     end = reading.period.end if reading.period else None
@@ -254,4 +263,4 @@ def answer_offline(graph: Graph, question: str, limit: int = 10) -> Answer:
             f"best, ranked by retrieval. Read: {found}"
             + (f"; period {reading.period.said} ({start:%Y-%m-%d} to {end:%Y-%m-%d})" if reading.period else "; no period")
             + (f"; {'; '.join(reading.notes)}" if reading.notes else "") + ".")
-    return Answer(question, None, plan, calls, facts, note)
+    return Answer(question, financial.answer if financial else None, plan, calls, facts, note)

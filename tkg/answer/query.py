@@ -485,3 +485,116 @@ class Graph:
                 quarter = row.pop("fiscal_quarter") or str(row["call_date"])
                 trend.groups.setdefault((ticker, quarter), []).append(Fact(**row))
         return trend
+
+    # --- financial figures (the `metrics` view) ---------------------------------------------------
+
+    def coverage(self, ticker: str) -> tuple[int, date | None, date | None]:
+        """How many calls of a company the graph holds, and the first and last call dates."""
+        row = self.rows("SELECT count(*) AS calls, min(call_date) AS first, max(call_date) AS last FROM transcripts "
+                        "WHERE company = $company", {"company": ticker})[0]
+        return int(row["calls"]), row["first"], row["last"]
+
+    def metrics(self, company: str, metric: str | None = None, fiscal_year: int | None = None,
+                fiscal_quarter: int | None = None, full_year: bool = False, kind: str | None = None,
+                segment: str | None = None, basis: str | None = None, as_of: Any = None) -> list[Figure]:
+        """Figures of one company from `metrics`, oldest call first: reported results and guidance
+        with their revisions. `full_year` asks for the fiscal year's own figures (no quarter);
+        `as_of` keeps the figures valid then (`metrics_as_of`): what had been reported and the
+        guidance that stood. Segment NULL is the company total; basis NULL matches any basis."""
+        ticker = self.company_ticker(company)
+        if metric is not None and metric not in METRIC_NAMES:
+            raise QueryError(f"{metric!r} is not a metric; the metrics are {', '.join(METRIC_NAMES)}")
+        if kind is not None and kind not in ("reported", "guidance"):
+            raise QueryError(f"kind must be 'reported' or 'guidance', got {kind!r}")
+        if fiscal_quarter is not None and not 1 <= int(fiscal_quarter) <= 4:
+            raise QueryError(f"fiscal_quarter must be 1..4, got {fiscal_quarter}")
+        moment = utc(as_of, end_of_day=False)
+        source = "metrics_as_of($as_of)" if moment is not None else "metrics"
+        parameters = {"company": ticker, "metric": metric, "year": fiscal_year, "quarter": fiscal_quarter,
+                      "full_year": bool(full_year), "kind": kind, "segment": segment, "basis": basis}
+        if moment is not None:
+            parameters["as_of"] = moment
+        return [Figure(**row) for row in self.rows(
+            f"""
+            SELECT company, metric, segment, basis, kind, fiscal_year, fiscal_quarter, value, low, high, unit,
+                   amount_text, statement, event_id, call_date, valid_at, invalid_at, invalidated_by, revision,
+                   restatements, last_stated_on
+            FROM {source}
+            WHERE company = $company
+              AND ($metric IS NULL OR metric = $metric)
+              AND ($year IS NULL OR fiscal_year = $year)
+              AND ($quarter IS NULL OR fiscal_quarter = $quarter)
+              AND (NOT $full_year OR fiscal_quarter IS NULL)
+              AND ($kind IS NULL OR kind = $kind)
+              AND segment IS NOT DISTINCT FROM $segment
+              AND ($basis IS NULL OR basis IS NULL OR basis = $basis)
+            ORDER BY call_date, kind, metric, basis NULLS FIRST, value, event_id
+            """, parameters)]
+
+    def office_holders(self, ticker: str, role: str, start: Any = None, end: Any = None) -> list[dict[str, Any]]:
+        """Who held an office at a company at some time in [start, end], in order of start: one row
+        per person and continuous tenure (`officer_tenures`)."""
+        begin, finish = window(start, end)
+        return self.rows(
+            """
+            SELECT person, role, organization, title, started_at, ended_at, first_event_id AS event_id, first_statement AS statement,
+                   restatements
+            FROM officer_tenures
+            WHERE company = $company AND (upper(role) = upper($role) OR upper(title) = upper($role))
+              AND coalesce(started_at, '-infinity'::TIMESTAMPTZ) <= $end
+              AND (ended_at IS NULL OR ended_at > $start)
+            ORDER BY started_at NULLS FIRST, person
+            """, {"company": ticker, "role": role, "start": begin or EVER, "end": finish or NEVER})
+
+
+METRIC_NAMES = ("revenue", "segment_revenue", "gross_margin", "operating_margin", "operating_income", "operating_expenses",
+                "net_income", "eps", "capex", "free_cash_flow", "revenue_growth")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One row of `metrics`: a reported or guided figure with its evidence and revision."""
+
+    company: str
+    metric: str
+    segment: str | None
+    basis: str | None
+    kind: str
+    fiscal_year: int
+    fiscal_quarter: int | None
+    value: float
+    low: float | None
+    high: float | None
+    unit: str
+    amount_text: str | None
+    statement: str
+    event_id: str
+    call_date: date
+    valid_at: datetime | None
+    invalid_at: datetime | None
+    invalidated_by: str | None
+    revision: str | None
+    restatements: int = 1  # calls that stated this same guidance, the first included
+    last_stated_on: date | None = None
+
+    @property
+    def period(self) -> str:
+        return f"Q{self.fiscal_quarter} FY{self.fiscal_year}" if self.fiscal_quarter else f"FY{self.fiscal_year}"
+
+    def amount(self) -> str:
+        """'$50.6 billion', '$31.1 billion to $31.4 billion', '46%', '$0.75 to $0.77 per share'."""
+        def one(number: float) -> str:
+            if self.unit == "percent":
+                return f"{number:g}%"
+            sign, number = ("-" if number < 0 else ""), abs(number)
+            symbol = "$" if self.unit.startswith("USD") else ""
+            suffix = "" if symbol else f" {self.unit.split('/')[0]}"
+            for scale, word in ((1e12, "trillion"), (1e9, "billion"), (1e6, "million")):
+                if number >= scale:
+                    return f"{sign}{symbol}{number / scale:.4g} {word}{suffix}"
+            return f"{sign}{symbol}{number:.2f}{suffix}" if self.unit.endswith("/share") else f"{sign}{symbol}{number:g}{suffix}"
+        text = f"{one(self.low)} to {one(self.high)}" if self.low is not None and self.high is not None else one(self.value)
+        return text + (" per share" if self.unit.endswith("/share") else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return _jsonable(self)

@@ -51,10 +51,11 @@ class InvalidationPolicy:
     # One value per subject, metric and period: a different later value revises the earlier one.
     single_valued: frozenset[Predicate] = frozenset({Predicate.TARGETS, Predicate.HAS_REVENUE})
     # Guidance holds one value per (company, metric, segment, fiscal period, unit) and is retired
-    # by the next call that guides it differently or reports the actual (tkg.invalidate.revisions).
-    # The basis is compared within the group: an unstated basis matches either GAAP or non-GAAP.
+    # by the next call that guides it differently or reports the actual, or closes with its
+    # period (tkg.invalidate.revisions). The basis is compared within the group only when both
+    # figures state one: an unstated basis matches either GAAP or non-GAAP.
     guidance_key: tuple[str, ...] = ("company", "metric", "segment", "fiscal_year", "fiscal_quarter", "unit")
-    figure_judge: str = "rules:figure-revisions-1"
+    figure_judge: str = "rules:figure-revisions-2"
     # Two figures state the same value when every bound agrees to this relative tolerance.
     tolerance: float = 1e-9
 

@@ -91,8 +91,10 @@ class Extractor(Protocol):
 
     def extract_triplets(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[RawExtraction]: ...
 
-    def extract_figures(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[list[RawFigure]]:
-        """The financial figures of each statement (most have none), on the call's fiscal calendar."""
+    def extract_figures(self, statements: Sequence[RawStatement], context: DocumentContext,
+                        scopes: Sequence[str] | None = None) -> list[list[RawFigure]]:
+        """The financial figures of each statement (most have none), on the call's fiscal calendar.
+        `scopes`, aligned with `statements`, is the paragraph before each (its section opener)."""
         ...
 
     def stats(self, counter: str) -> StageStats: ...

@@ -34,7 +34,7 @@ from tkg.core.models import PERCENT_METRICS, RawFigure
 from tkg.extract.base import DocumentContext
 from tkg.extract.periods import PeriodResolver
 
-FIGURE_RULES_VERSION = "figures-1"
+FIGURE_RULES_VERSION = "figures-8"
 
 # Synonyms, longest first so 'operating expense' wins over 'operating'.
 _SYNONYMS = {
@@ -42,9 +42,9 @@ _SYNONYMS = {
                 "net sales", "total sales", "revenues", "revenue", "top line", "sales"),
     "gross_margin": ("gross profit margin", "gross margins", "gross margin"),
     "operating_margin": ("operating profit margin", "operating margins", "operating margin"),
-    "operating_income": ("income from operations", "operating income", "operating profit"),
+    "operating_income": ("income from operations", "operating income", "operating profit", "operating loss"),
     "operating_expenses": ("operating expenses", "operating expense", "operating costs", "opex"),
-    "net_income": ("net income", "net earnings", "net profit"),
+    "net_income": ("net income", "net earnings", "net profit", "net loss"),
     "eps": ("diluted earnings per share", "earnings per share", "eps"),
     "capex": ("capital expenditures", "capital expenditure", "capital spending", "capex"),
     "free_cash_flow": ("free cash flow",),
@@ -71,7 +71,7 @@ def _side(prefix: str) -> str:
 AMOUNT = re.compile(
     _side("a") +
     # a range: '$89 billion to $93 billion', '$89 to $93 billion', '41% to 42%', '$43.5-45.5b', 'between X and Y'
-    rf"(?:\s*(?P<joint>-|–|to|and)\s*(?:{_side('b')}|(?P<bplain>{_NUMBER})(?P<bplainscale>{_SCALE})?(?!\d)))?"
+    rf"(?:\s*(?P<joint>-|–|to|and)\s*(?P<bplus>\+\s?)?(?:{_side('b')}|(?P<bplain>{_NUMBER})(?P<bplainscale>{_SCALE})?(?!\d)))?"
     # plus or minus: '$10.5 billion plus or minus 5%', '64% plus or minus 50 basis points'
     rf"(?:,?\s*(?:plus or minus|\+/-|±)\s*(?:(?P<pmcur>{_CURRENCY})\s?)?(?P<pmnum>{_NUMBER})"
     rf"(?P<pmunit>\s?(?:%|percent\b|percentage points?\b|points?\b|basis points?\b|bps\b)|{_SCALE})?)?",
@@ -88,6 +88,14 @@ _GUIDANCE_CUE = re.compile(
     r"rais(?:e|es|ed|ing)|lower(?:s|ed|ing)?|going to|range from|ranging from|be in the range|midpoint|mid-point)\b",
     re.IGNORECASE,
 )
+_PAST_OUTLOOK = re.compile(
+    r"\b(?:(?:in line with|consistent with|above|below|ahead of|exceed(?:ed|ing|s)?|beat(?:ing)?|better than|(?:the )?(?:high|low|top|"
+    r"upper|lower) end of|the midpoint of|within|versus|vs\.?|compared (?:to|with)|relative to)\s+(?:\w+\s+){0,3}?"
+    r"(?:guidance|outlook|expectations?|forecast|guide)|as (?:we |I )?(?:had )?(?:expected|anticipated|forecast(?:ed)?|guided|projected))\b",
+    re.IGNORECASE)
+# The level measured against an outlook: 'within our guidance range at $50.6 billion' ('at' the level).
+_LEVEL_AGAINST_OUTLOOK = re.compile(r"\b(?:within|in line with|at the (?:high|low|upper|lower|top) end of|above|ahead of)\s+"
+                                    r"(?:\w+\s+){0,3}?(?:guidance|outlook|expectations?)(?: range)?,?\s+at\s*$", re.IGNORECASE)
 _REPORTED_CUE = re.compile(
     r"\b(?:was|were|came in|totaled|totalled|reached|grew|rose|increased|decreased|declined|fell|reported|delivered|"
     r"generated|posted|achieved|ended|finished|had|climbed|dropped|improved)\b",
@@ -98,15 +106,19 @@ _GROWTH = re.compile(r"\b(?:up|grew|grow(?:th|ing|s)?|increased?|rose|climbed|ga
 # Just before an amount: the amount is a change or an earlier figure, not the level.
 _APPROXIMATELY = r"(?:approximately |about |roughly |nearly |almost |around |over |more than |just over |just under )?"
 _CHANGE_BEFORE = re.compile(rf"(?:\bby|\b(?:up|down|grew|grow|grows|increased|decreased|rose|fell|declined|improved|climbed|"
-                            rf"dropped|gained|expanded|contracted|higher|lower))\s+{_APPROXIMATELY}$", re.IGNORECASE)
+                            rf"dropped|gained|expanded|contracted|higher|lower)|"
+                            # 'an improvement of $155 million': the change, not the level
+                            rf"\b(?:improvement|increase|decrease|reduction|decline|deterioration|swing|change|benefit|drop|gain)\s+of)"
+                            rf"\s+{_APPROXIMATELY}$", re.IGNORECASE)
 _NEGATIVE_BEFORE = re.compile(r"\b(?:negative|minus|a loss of|loss of)\s+$", re.IGNORECASE)
 # Anywhere in the clause: the figures are not for a fiscal period.
 _CLAUSE_TRAP = re.compile(r"\b(?:(?:last|trailing|past|previous) (?:12|twelve) months|TTM|LTM|trailing|holding currency constant|"
+                          r"in fixed[- ](?:FX|currency|exchange[- ]rates?)(?: terms)?|"
                           r"(?:on|at) a constant currency basis|at constant currency|excluding (?:the impact of )?(?:FX|foreign exchange|"
                           r"currency))\b", re.IGNORECASE)
 _COMPARISON_BEFORE = re.compile(
     r"\b(?:from|compared (?:to|with)|versus|vs\.?|relative to|ahead of|above|below|in line with|within|exceed(?:ed|ing)?|"
-    r"beat|prior|previous|original(?:ly)?|last year|a year ago|year-ago|prior[- ]year)\b",
+    r"beat|prior|previous|original(?:ly)?|last year|a year ago|year-ago|prior[- ]year|would have been|including|includ(?:es|ed))\b",
     re.IGNORECASE,
 )
 # Anywhere between the metric and the amount, or just after it: the amount is not the metric's total.
@@ -114,23 +126,29 @@ _TRAP = re.compile(
     r"\b(?:run[- ]rate|annuali[sz]ed|headwinds?|tailwinds?|impact(?:ed)?|foreign exchange|FX|currenc(?:y|ies)|"
     r"backlog|contracted|not (?:yet )?recogni[sz]ed|remaining performance obligations?|unearned|deferred|bookings|orders|"
     r"long[- ]term|over time|target model|financial model|dividends?|buy ?backs?|repurchase[sd]?|share repurchases?|"
-    r"restructuring|charges?|tax|acquisition|sequential(?:ly)?|cumulative|per year|each year|annually|TAM|market|"
-    r"accretion|goals?|targets?|aspirations?|ambitions?|toward|towards)\b",
+    r"restructuring|charges?|tax|acquisition|benefits?|sequential(?:ly)?|cumulative|per year|each year|annually|TAM|market|"
+    r"accretion|goals?|targets?|aspirations?|ambitions?|toward|towards|EBITDA|EBIT|average|cross[- ]cycle)\b",
     re.IGNORECASE,
 )
 _AFTER_TRAP = re.compile(
-    r"^\W{0,3}(?:(?:\w+\W+){0,2}?(?:run[- ]rate|headwinds?|tailwinds?|impact|in backlog|of backlog)|a year ago|last year|level\b|"
+    r"^\W{0,3}(?:(?:a |per )(?:diluted )?share,?\s+)?(?:(?:\w+\W+){0,2}?(?:run[- ]rate|headwinds?|tailwinds?|impact|in backlog|of backlog)|a year ago|last year|level\b|"
     r"in the (?:prior|previous|year-ago|same)|in constant currency|sequentially|on a sequential|attributable|related to|due to|"
     r"associated with|(?:from|over|versus|vs\.?|compared (?:to|with)) (?:the )?(?:previous|prior|last|preceding|year-ago) quarter|"
     r"quarter[- ]over[- ]quarter|q/q|QoQ|from (?:our|the) (?:previous|prior|last|original|earlier) (?:guid\w*|outlook|forecast|expectations?)|"
     r"respectively)",
     re.IGNORECASE,
 )
+# Right after the amount, with no comma between: the amount is a difference from a reference
+# ('EPS was $1.23, $0.13 above our guide'), whereas '$13.5 billion, ahead of our outlook' is the level.
+_DIFFERENCE_AFTER = re.compile(
+    r"^\s+(?:above|below|ahead of|better than|higher than|lower than|short of|more than|less than|over|under|shy of)\s+"
+    r"(?:the\s+|our\s+|its\s+)?(?:high|low|top|mid|guid|outlook|expect|consensus|forecast|estimate|last|prior|previous|"
+    r"a year|year|same|original|plan|street)", re.IGNORECASE)
 # The amount belongs to what follows it: '44% net income growth', 'EUR 550 million R&D'.
 _OTHER_AFTER = re.compile(
     r"^\s+(?:(?:(?!(?:and|or|but|while|with|as)\b)[\w-]+\s+){0,2}?(?:" + METRIC_WORDS.pattern.removeprefix(r"\b(").removesuffix(r")\b") + r")\b|"
     r"(?:of |in |for |on )?(?:R&D|SG&A|research|marketing|interest|depreciation|amortization|inventor(?:y|ies)|cash|dividends?|"
-    r"stock|shares|tax(?:es)?)\b)",
+    r"stock|shares|tax(?:es)?|costs?|price|prices|ASPs?|bits?|units?)\b)",
     re.IGNORECASE,
 )
 # Something else the amount is 'of' or 'in': '$33.1 billion in operating cash flow', '$2 billion of buybacks'.
@@ -170,6 +188,33 @@ _BOUNDARY_WORDS = {
     "into", "about", "approximately", "around", "roughly", "where", "when", "which", "who", "both", "all", "your", "my",
     "we", "i", "you", "it", "they", "us", "whose", "total", "on", "path", "track", "toward", "towards", "remain", "remains",
 }
+
+
+@dataclass(frozen=True)
+class Section:
+    """What a paragraph's section opener set: a period phrase, a registry segment, a basis."""
+
+    period: str | None = None
+    segment: str | None = None
+    basis: str | None = None
+
+
+_NO_SECTION = Section()
+_SENTENCE_END = re.compile(r"(?<=[.!?:])\s+")
+# A sentence that opens a section names its topic first: 'Moving to full year.', 'Turning to the
+# outlook for Q3,', 'Now for Automotive.', 'In Data Center, ...', 'Looking at fiscal 2020, ...'.
+_SECTION_OPENER = re.compile(
+    r"^\W*(?:(?:and |so |now |next |finally |lastly |let me |let's |i'll |i will |i'd like to |to )*(?:now )?(?:mov(?:e|ing)|"
+    r"turn(?:ing)?|go(?:ing)?|look(?:ing)?|switch(?:ing)?|shift(?:ing)?|start(?:ing)?|com(?:e|ing)|transition(?:ing)?|"
+    r"wrap(?:ping)? up|clos(?:e|ing)|cover(?:ing)?|talk(?:ing)? about|review(?:ing)?|focus(?:ing)?|discuss(?:ing)?)"
+    r"(?: now| on| over| back| out)?(?: (?:to|at|with|on))?|for|in|on|within|regarding|as for)\s+(?:the\s+|our\s+)?"
+    r"(?:outlook for (?:the\s+)?|guidance for (?:the\s+)?)?(?P<topic>.{2,80})", re.IGNORECASE)
+_SECTION_PERIOD = re.compile(r"(?:the\s+)?(?:(?:full |whole |entire )?fiscal year|full[- ]year|fiscal (?:year )?'?\d{2,4}|"
+                             r"(?:fiscal )?year '?\d{2,4}|FY\s?'?\d{2,4}|"
+                             r"(?:the |this )?(?:full |whole |entire )year\b|(?:the|this) year\b|(?:the )?(?:first|second|third|fourth|1st|2nd|3rd|4th) "
+                             r"(?:fiscal )?quarter|Q[1-4]\b)", re.IGNORECASE)
+_AMOUNT_CUE = re.compile(r"[$€£¥%]|\d+(?:\.\d+)?\s*(?:percent|billion|million|basis points)\b", re.IGNORECASE)
+_TOTAL_TOPIC = re.compile(r"^\W*(?:(?:and |so |now )?(?:total|overall|consolidated|company(?:wide)?)\b|overall,)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -260,6 +305,7 @@ def _amounts(clause: str) -> list[_Amount]:
             level_text = clause[match.end("joint"):end].strip()
             found.append(_Amount(match.start(), end, second[0], None, None, unit, scaled or second[2], level_text, True))
             continue
+        first_value = value
         if second is not None:
             low, high = sorted((value, second[0]))
             value = (low + high) / 2
@@ -279,7 +325,12 @@ def _amounts(clause: str) -> list[_Amount]:
                 spread = spread * _SCALES[pm_unit]
             low, high = value - spread, value + spread
         if _NEGATIVE_BEFORE.search(clause[max(0, match.start() - 12):match.start()]):
-            value, low, high = -value, None if high is None else -high, None if low is None else -low
+            if second is not None and match["bplus"]:
+                # 'between a loss of $70 million and income of $10 million': only the low end is a loss
+                low, high = -first_value, second[0]
+                value = (low + high) / 2
+            else:
+                value, low, high = -value, None if high is None else -high, None if low is None else -low
         found.append(_Amount(match.start(), end, value, low, high, unit, scaled, text))
     return found
 
@@ -294,14 +345,40 @@ def _basis(text: str, last: bool) -> str | None:
 
 
 _DIGIT = re.compile(r"\d")
+# An opener that restates the whole sentence at other exchange rates: 'In constant currency, revenue grew 9%'.
+_CONSTANT_CURRENCY_OPENER = re.compile(r"^\W*(?:in|on an?|at) (?:fixed|constant)[- ](?:FX|currency|exchange[- ]rates?)(?: terms| basis)?\W*$",
+                                       re.IGNORECASE)
+# A basis stated for what follows: 'On a non-GAAP basis, ...', 'In GAAP terms, ...', 'Non-GAAP:'.
+_BASIS_PHRASE = re.compile(r"\b(?:on an? |in )(non[- ]GAAP|GAAP)\s+(?:basis|terms)\b|^\W*(non[- ]GAAP|GAAP)\s*[:,-]", re.IGNORECASE)
+
+
+def _stated_basis(text: str) -> str | None:
+    """The basis the last basis phrase of `text` states, if any."""
+    found = list(_BASIS_PHRASE.finditer(text))
+    if not found:
+        return None
+    said = (found[-1][1] or found[-1][2]).lower()
+    return "GAAP" if said == "gaap" else "non-GAAP"
+
+
+# The positive end of a range whose low end is a loss: 'between a loss of $70 million and income
+# of $10 million' becomes '... and +$10 million', which AMOUNT reads as the range's signed high end.
+_SIGNED_RANGE = re.compile(r"(\b(?:loss|negative) of (?:US)?\$?\s?[\d.,]+(?:\s?(?:billion|million|thousand))?\s+(?:and|to))\s+"
+                           r"(?:an?\s+)?(?:net\s+|operating\s+)?(?:income|profit|gain|positive)(?:\s+of)?\s+(?=(?:US)?\$|\d)",
+                           re.IGNORECASE)
 _RANGE_OF_PERCENTS = re.compile(r"\b(\d+(?:\.\d+)?)\s*(to|-|–)\s*(\d+(?:\.\d+)?)\s?(%|percent\b)", re.IGNORECASE)
 # 'cost of revenues', 'percent of sales': the metric word names something else.
 _NOT_THE_METRIC = re.compile(r"(?:\b(?:cost|costs|percent|percentage|share|portion|half|mix|multiple)|%)\s+of\s+(?:[\w-]+\s+){0,3}$",
                              re.IGNORECASE)
 # After a metric: 'revenue in the quarter' names a period, 'revenue from China' a part of the total.
 _PERIOD_AFTER = re.compile(r"(?:the\s+|this\s+|that\s+)?(?:quarter|year|period|first|second|third|fourth|full|fiscal|FY|Q[1-4]|"
-                           r"\d|calendar|constant currency|\$|€|EUR|USD|total|all|each|every|our guidance|the guidance)", re.IGNORECASE)
-_BARE_YEAR = re.compile(r"\b(?:in|for|of|during|calendar|year)\s+(20\d\d)\b(?!\s*(?:and|to|-)\s*20)", re.IGNORECASE)
+                           r"\d|calendar|constant currency|\$|€|EUR|USD|total|all|each|every|our guidance|the guidance|"
+                           # 'revenue in the range of $2.8 billion to $3.1 billion' names the amount, not a part
+                           r"(?:an?\s+|the\s+)?(?:range|line|amount|neighborhood|ballpark|area|mid|high|low|upper|lower)\b)", re.IGNORECASE)
+_BARE_YEAR = re.compile(r"\b(?:in|for|of|during|calendar|year)\s+(20\d\d)\b(?!\s*(?:and|to|-)\s*20)|"
+                        # '2019 revenue was $6.73 billion': the year names the figure's period
+                        r"(?:^|[.;:]\s*|\b(?:our|the|full|total|fiscal)\s+)(20\d\d)\s+(?=(?:[\w-]+\s+){0,2}?(?:revenues?|sales|"
+                        r"gross margin|operating|net income|earnings|EPS|free cash flow|capital|capex)\b)", re.IGNORECASE)
 _ANNUAL = re.compile(r"\b(?:annual|for the year)\b", re.IGNORECASE)
 _RANGE_WORDS = re.compile(r"\b(?:rang(?:e|ing) from|in the range of)\s*$", re.IGNORECASE)
 
@@ -318,26 +395,57 @@ class FigureParser:
         # the figures stage parses it again in the same worker: the second time is a lookup.
         self._parsed: dict[tuple[str, bool], list[RawFigure]] = {}
 
-    def parse(self, statement: str, prediction: bool = False) -> list[RawFigure]:
+    def parse(self, statement: str, prediction: bool = False, scope: str = "") -> list[RawFigure]:
         """The figures a statement states; `prediction` is the statement's label (a PREDICTION
-        with no cue of its own is guidance)."""
+        with no cue of its own is guidance). `scope` is the paragraph before the statement (the
+        speaker's turn so far): a section it opens ('Moving to full year.', 'Turning to
+        Automotive.', 'On a non-GAAP basis:') holds for the statement unless it says otherwise."""
         if not _DIGIT.search(statement) or (not METRIC_WORDS.search(statement) and "per share" not in statement.lower()):
             return []
-        key = (statement, prediction)
+        section = self.section(scope)
+        key = (statement, prediction, section)
         if key not in self._parsed:
             if len(self._parsed) > 20_000:
                 self._parsed.clear()
-            self._parsed[key] = self._parse(statement, prediction)
+            self._parsed[key] = self._parse(statement, prediction, section)
         return list(self._parsed[key])
 
-    def _parse(self, statement: str, prediction: bool) -> list[RawFigure]:
+    def section(self, scope: str) -> Section:
+        """The period, segment and basis the paragraph's last section opener states."""
+        if not scope:
+            return _NO_SECTION
+        period = segment = None
+        basis = _stated_basis(scope[-400:])
+        for sentence in _SENTENCE_END.split(scope[-900:]):
+            opener = _SECTION_OPENER.match(sentence)
+            if opener is not None:
+                topic = opener["topic"][:60]
+            elif len(sentence.split()) <= 12 and not _AMOUNT_CUE.search(sentence):
+                topic = sentence  # a short sentence without a figure heads what follows: 'Data Center.'
+            else:
+                if _TOTAL_TOPIC.match(sentence):
+                    segment = None  # 'Total revenue ...' / 'Overall, ...' leaves a segment's paragraph
+                continue
+            if (found := _SECTION_PERIOD.search(topic)) is not None and not _COMPARISON_PHRASE.search(topic):
+                period, segment = found[0], None
+            elif re.search(r"\b(?:the|this|our) (?:quarter|results for the quarter)\b", topic, re.IGNORECASE):
+                period = None  # back to the quarter the call reports
+            if (named := next((seg.name for seg in self.segments if seg.pattern.search(topic)), None)) is not None:
+                segment = named
+            elif re.match(r"(?:the\s+|our\s+)?(?:total|overall|consolidated|company)\b", topic, re.IGNORECASE):
+                segment = None
+        return Section(period, segment, basis)
+
+    def _parse(self, statement: str, prediction: bool, section: Section = None) -> list[RawFigure]:
+        section = section or _NO_SECTION
         statement = _RANGE_OF_PERCENTS.sub(r"\1\4 \2 \3\4", statement)  # '41 to 42%' is '41% to 42%'
+        statement = _SIGNED_RANGE.sub(r"\1 +", statement) if "of" in statement else statement  # '... a loss of $70 million and income of $10 million'
         figures: list[RawFigure] = []
         default_kind = "guidance" if prediction else "reported"
         starts = [0] + [m.end() for m in _CLAUSE.finditer(statement)]
         ends = [m.start() for m in _CLAUSE.finditer(statement)] + [len(statement)]
         for start, end in zip(starts, ends):
-            clause_kind, found = self._clause(statement[start:end], statement[:start], default_kind)
+            clause_kind, found = self._clause(statement[start:end], statement[:start], default_kind, section)
             default_kind = clause_kind or default_kind
             figures.extend(found)
         unique: dict[tuple, RawFigure] = {}
@@ -345,57 +453,99 @@ class FigureParser:
             unique.setdefault(figure.key + (figure.value, figure.low, figure.high, figure.unit), figure)
         return list(unique.values())
 
-    def _clause(self, clause: str, earlier: str, default_kind: str) -> tuple[str | None, list[RawFigure]]:
+    def _clause(self, clause: str, earlier: str, default_kind: str, section: Section = None) -> tuple[str | None, list[RawFigure]]:
         """Figures of one clause; `earlier` is the statement's text before it (where a period
         such as 'For the full year 2024, we expect ...' may stand)."""
         amounts = _amounts(clause)
-        if not amounts or _CLAUSE_TRAP.search(clause):
-            return None, []
+        if not amounts or _CLAUSE_TRAP.search(clause) or (not _DIGIT.search(earlier) and (
+                _CLAUSE_TRAP.search(earlier) or _CONSTANT_CURRENCY_OPENER.search(earlier))):
+            return None, []  # also an opener that holds for the statement: 'Holding currency constant, our revenue grew 25%'
+
         mentions = [(m.start(), m.end(), _METRIC_OF[m[1].lower()]) for m in METRIC_WORDS.finditer(clause)
                     if not _NOT_THE_METRIC.search(clause[:m.start()])]
         figures, kind, window_start = [], None, 0
+        compared = False  # the amount before was a comparison: '... compared to $27 million or $0.03 per share'
         for index, amount in enumerate(amounts):
+            joined = index > 0 and re.fullmatch(r"[^$€£¥;%]{0,30}?(?:,\s*)?\b(?:or|and)\s+",
+                                                clause[amounts[index - 1].end:amount.start]) is not None
+            if compared and joined:
+                window_start = amount.end
+                continue
+            compared = _COMPARISON_BEFORE.search(clause[max(window_start, amount.start - 40):amount.start]) is not None
             # The period is read before the amount first, then after it up to the next amount (a
             # later period may belong to something else), then in the statement before the clause.
             region_end = amounts[index + 1].start if index + 1 < len(amounts) else len(clause)
-            periods = (clause[:amount.start], clause[amount.end:region_end], earlier)
+            # the period named since the previous amount first: '... for the quarter was $1.7 billion and, for the
+            # full year, was $3.3 billion'
+            periods = (clause[window_start:amount.start], clause[:amount.start], clause[amount.end:region_end], earlier)
             kind = self._kind(clause[:amount.start], default_kind)
             mention = next(((s, e, m) for s, e, m in reversed(mentions) if e <= amount.start), None)
             if mention is None and _PER_SHARE.search(clause[amount.end:]) and re.search(
                     r"\b(?:earnings|income|EPS)\b", clause[:amount.start], re.IGNORECASE):
                 mention = (amount.start, amount.start, "eps")  # 'earnings of $0.60 per share'
-            if mention is not None and (figure := self._attach(mention, amount, kind, clause, periods, window_start)):
+            if mention is not None and (figure := self._attach(mention, amount, kind, clause, periods, window_start,
+                                                                             section or _NO_SECTION)):
                 figures.append(figure)
             window_start = amount.end
+        if any(figure.segment for figure in figures):
+            # a clause about a segment ('storage business unit posted revenue of $719 million ... with an
+            # operating loss of $62 million'): its other figures are the segment's, which have no row
+            figures = [figure for figure in figures if figure.segment or figure.metric.value == "revenue"
+                       and re.search(r"\b(?:total|company|consolidated)\b", clause, re.IGNORECASE)]
         return kind, figures
 
     @staticmethod
     def _kind(before: str, default_kind: str) -> str:
-        """The last cue before the amount decides: 'was' reports, 'expect' guides."""
+        """The last cue before the amount decides: 'was' reports, 'expect' guides. A cue that
+        refers back to an earlier outlook ('at the high end of our guidance', 'as we expected')
+        is no cue: the figure is the result measured against it."""
+        before = _PAST_OUTLOOK.sub(" ", before)
         cues = [(m.start(), "guidance") for m in _GUIDANCE_CUE.finditer(before)]
         cues += [(m.start(), "reported") for m in _REPORTED_CUE.finditer(before)]
         return max(cues)[1] if cues else default_kind
 
     def _attach(self, mention: tuple[int, int, str], amount: _Amount, kind: str, clause: str, period_texts: tuple[str, ...],
-                window_start: int) -> RawFigure | None:
+                window_start: int, section: Section) -> RawFigure | None:
         start, end, metric = mention
         between, after = clause[end:amount.start], clause[amount.end:]
         just_before = clause[max(0, start - 30):start].rpartition(",")[2]
         if (_TRAP.search(between) or _TRAP.search(just_before) or _AFTER_TRAP.search(after) or _AMOUNT_OF_OTHER.search(after)
+                or _DIFFERENCE_AFTER.search(after)
                 or (_OTHER_AFTER.search(after) and not (amount.unit == "percent" and _PERCENT_OF_REVENUE.search(after)))
                 or _BOTH_BASES.search(clause)):
             return None
         if len(between) > 90 or (METRIC_WORDS.search(between) and metric != "eps"):
             return None  # too far from its metric, or another metric stands between them
+        if re.match(r"\s*(?:guidance|outlook|forecast|expectations?|target)\s+(?:was|were|had been)\b", between, re.IGNORECASE):
+            return None  # 'the gross margin guidance was 57% to 60%': an earlier outlook recalled, neither result nor guidance
+        before = period_texts[-1] + clause[:start]
+        if re.search(r"\b(?:excluding|ex-|without)\s+(?:the\s+)?(?:[\w&-]+\s+){0,3}?$", before, re.IGNORECASE) or any(
+                re.search(r"\b(?:excluding|without)\s+(?:the\s+)?$", before[:found.start()], re.IGNORECASE)
+                for seg in self.segments for found in seg.pattern.finditer(before)):
+            return None  # 'Excluding LinkedIn, our revenue was ...': neither the total nor the segment
         segment, known = self._segment(clause, start, end, period_texts[-1])
         if not known:
             return None
+        if segment is None and section.segment is not None and not re.search(
+                r"\b(?:total|overall|consolidated|company|companywide|corporate)\b", clause[:end], re.IGNORECASE):
+            # 'Revenue rose 4% to $189 million' in the paragraph 'Turning to Automotive.'; a statement
+            # naming another segment ('our Internet of Things business ... revenue record') is that one's
+            named = {seg.name for seg in self.segments for found in seg.pattern.finditer(period_texts[-1] + clause[:start])
+                     if not re.search(r"\b(?:excluding|ex|without|other than|outside(?: of)?)\W*$",
+                                      (period_texts[-1] + clause[:start])[:found.start()], re.IGNORECASE)}
+            if re.search(r"\b(?:excluding|ex|without)\b", clause[:start], re.IGNORECASE):
+                return None  # 'Excluding LinkedIn, our revenue was ...': neither the total nor the segment
+            segment = section.segment if not named or named == {section.segment} else (named.pop() if len(named) == 1 else None)
+            if segment is None:
+                return None
+
         since_previous = clause[max(window_start, end):amount.start]
         if amount.unit == "percent" and metric == "revenue" and _GROWTH.search(since_previous) \
                 and not re.search(r"\b(?:and|with|while)\b", since_previous):
             metric = "revenue_growth"  # 'revenue was $271 million, up 14%'
         else:
             near = _RANGE_WORDS.sub(" ", clause[max(window_start, end, amount.start - 40):amount.start])
+            near = _LEVEL_AGAINST_OUTLOOK.sub(" at ", near)  # 'landed within our guidance range at $50.6 billion'
             if not amount.change_then_level and (_COMPARISON_BEFORE.search(near) or _CHANGE_BEFORE.search(near)):
                 return None  # 'up from $1.20 billion', 'ahead of our outlook of $280 million', 'by $50 million'
             if amount.unit == "percent" and _PERCENT_OF_REVENUE.search(after):
@@ -417,17 +567,26 @@ class FigureParser:
                 metric = "segment_revenue"
             elif metric != "revenue_growth":
                 return None  # a segment's margin or income is not the company's, and the vocabulary has no place for it
-        return self._figure(metric, segment, amount, kind, clause, period_texts)
+        return self._figure(metric, segment, amount, kind, clause, period_texts, section)
 
     def _segment(self, clause: str, metric_start: int, metric_end: int, earlier: str) -> tuple[str | None, bool]:
         """The registry segment the metric is qualified by (None: the total), and False when
         a part of the business the registry does not name qualifies it ('services revenue').
         `earlier` is the statement before the clause ('In Intelligent Cloud, we expect ...')."""
-        window = (earlier + clause[:metric_start])[-60:]
+        if re.search(r"\b(?:total|overall|consolidated|company(?:wide)?|corporate)\s+(?:net\s+)?$", clause[:metric_start],
+                     re.IGNORECASE) or re.match(r"total\b", clause[metric_start:metric_end], re.IGNORECASE):
+            return None, True  # 'and total revenue was ...' after a segment's figure
+        # far enough back for 'The Intelligent Cloud segment delivered approximately $6.8 billion in revenue, growing 11%'
+        window = (earlier + clause[:metric_start])[-100:]
         tail = re.match(r"\s+(from|in|for)\s+(?:the\s+|our\s+|its\s+)?", clause[metric_end:])
         following = clause[metric_end + tail.end():] if tail else ""
+        # the segment named nearest before the metric: 'Mac revenue was $7.2b and iPad revenue was $6b'
+        nearest = max(((found.end(), segment.name) for segment in self.segments for found in segment.pattern.finditer(window)),
+                      default=None)
+        if nearest is not None:
+            return nearest[1], True
         for segment in self.segments:
-            if segment.pattern.search(window) or (following and segment.pattern.match(following)):
+            if following and segment.pattern.match(following):
                 return segment.name, True
         if tail and not _PERIOD_AFTER.match(following) and (
                 tail[1] != "for" or re.match(r"[\w&-]+(?:\s+[\w&-]+)?\s+(?:business|segment|group|division|unit|products?)\b", following)):
@@ -444,32 +603,37 @@ class FigureParser:
             return None, False
         return None, True
 
-    def _figure(self, metric: str, segment: str | None, amount: _Amount, kind: str, clause: str, period_texts: tuple[str, ...]
-                ) -> RawFigure | None:
-        period = self._period(period_texts, forward=kind == "guidance")
+    def _figure(self, metric: str, segment: str | None, amount: _Amount, kind: str, clause: str, period_texts: tuple[str, ...],
+                section: Section = None) -> RawFigure | None:
+        section = section or _NO_SECTION
+        period = self._period(period_texts, forward=kind == "guidance", section=section.period)
         if period is None or amount.unit == "number":
             return None
         quarter, year = (int(period.label[1]), int(period.label[3:])) if period.label.startswith("Q") else (None, int(period.label[2:]))
         publication = self.resolver.context.publication_date
         if kind == "reported" and period.start > publication:
             kind = "guidance"
+        if kind == "reported" and period.end > publication:
+            return None  # a remark about a period still under way ('this year we have grown ...') is no result
         if kind == "guidance":
             if period.end <= publication:
                 return None  # guidance for a period already over is an old figure cited for comparison
             reported_year = self.resolver.reported[1] if self.resolver.reported else publication.year
             if year > reported_year + 1 or _LONG_TERM.search(clause):
                 return None  # a long-term target, not guidance for a period
-        basis = _basis(clause[:amount.start], last=True) or _basis(clause[amount.end:], last=False)
+        basis = (_basis(clause[:amount.start], last=True) or _basis(clause[amount.end:], last=False)
+                 or _stated_basis(period_texts[-1]) or section.basis)
         unit = "percent" if amount.unit == "percent" else f"{amount.unit}/share" if metric == "eps" else amount.unit
         return RawFigure(metric=metric, segment=segment, basis=basis, kind=kind, fiscal_year=year, fiscal_quarter=quarter,
                          value=float(amount.value), low=None if amount.low is None else float(amount.low),
                          high=None if amount.high is None else float(amount.high), unit=unit,
                          text=re.sub(r"\s+and\s+", " to ", " ".join(amount.text.split())))
 
-    def _period(self, texts: tuple[str, ...], forward: bool):
-        """The first period `texts` name, in order; with none named, a result is for the
-        quarter the call reports and guidance for the next one."""
-        for text in texts:
+    def _period(self, texts: tuple[str, ...], forward: bool, section: str | None = None):
+        """The first period `texts` name, in order, then the period the paragraph's section
+        opened with; with none named, a result is for the quarter the call reports and guidance
+        for the next one."""
+        for text in (*texts, *((section,) if section else ())):
             text = _COMPARISON_PHRASE.sub(" ", text)
             period = self.resolver.find(text, forward=forward)
             if period is not None:
@@ -477,7 +641,7 @@ class FigureParser:
             if _ANNUAL.search(text):
                 return self.resolver.find("the full year", forward=forward)
             if year := _BARE_YEAR.search(text):  # 'gross margin for 2015 was 46.1%'
-                return self.resolver.fiscal_year(int(year[1]))
+                return self.resolver.fiscal_year(int(year[1] or year[2]))
         return self.resolver.shift(1 if forward else 0)
 
 

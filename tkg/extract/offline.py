@@ -228,7 +228,7 @@ class OfflineExtractor(Counted):
             sentence = _resolve_coreference(sentence, context)
             statement_type, temporal_type = label_statement(sentence)
             statements.append(RawStatement(statement=sentence, statement_type=statement_type, temporal_type=temporal_type))
-            statements.extend(self._derived_statements(sentence, context, statement_type))
+            statements.extend(self._derived_statements(sentence, context, statement_type, chunk.text[:start]))
         return statements
 
     def _participant_statements(self, text: str, context: DocumentContext) -> list[RawStatement]:
@@ -252,10 +252,12 @@ class OfflineExtractor(Counted):
                 )
         return statements
 
-    def _derived_statements(self, sentence: str, context: DocumentContext, statement_type: StatementType) -> list[RawStatement]:
-        """Canonical DYNAMIC facts behind guidance and appointments, which later statements revise."""
+    def _derived_statements(self, sentence: str, context: DocumentContext, statement_type: StatementType,
+                            scope: str = "") -> list[RawStatement]:
+        """Canonical DYNAMIC facts behind guidance and appointments, which later statements revise.
+        `scope` is the paragraph before the sentence (its section decides a figure's period)."""
         derived = []
-        guided = [figure for figure in figure_parser(context).parse(sentence, statement_type == StatementType.PREDICTION)
+        guided = [figure for figure in figure_parser(context).parse(sentence, statement_type == StatementType.PREDICTION, scope)
                   if figure.kind.value == "guidance"] if "?" not in sentence and _DIGIT.search(sentence) else []
         for figure in guided:
             derived.append(RawStatement(statement=f"{context.short_name}'s {guidance_phrase(figure)}.",
@@ -378,9 +380,12 @@ class OfflineExtractor(Counted):
 
     # -- figures ------------------------------------------------------------------------------
 
-    def extract_figures(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[list[RawFigure]]:
+    def extract_figures(self, statements: Sequence[RawStatement], context: DocumentContext,
+                        scopes: Sequence[str] | None = None) -> list[list[RawFigure]]:
         parser = figure_parser(context)
-        return [parser.parse(statement.statement, statement.statement_type == StatementType.PREDICTION) for statement in statements]
+        scopes = scopes or [""] * len(statements)
+        return [parser.parse(statement.statement, statement.statement_type == StatementType.PREDICTION, scope)
+                for statement, scope in zip(statements, scopes)]
 
     @staticmethod
     def _metric_entity(builder: _ExtractionBuilder, context: DocumentContext, metric: str, period_label: str) -> int:

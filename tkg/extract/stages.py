@@ -10,6 +10,7 @@ same ids.
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -182,10 +183,18 @@ def extract_figures(job: StageJob) -> StageResult:
     smaller total is dropped and counted."""
     transcripts, chunks, statements = job.inputs["transcripts"], job.inputs["chunks"], job.inputs["statements"]
     extractor = job.providers.extractor
-    speakers = {row["chunk_id"]: row for row in chunks.select(["chunk_id", "kind", "speaker", "speaker_organization"]).to_pylist()}
+    speakers = {row["chunk_id"]: row for row in chunks.select(["chunk_id", "transcript_id", "chunk_index", "kind", "speaker",
+                                                              "speaker_organization", "text"]).to_pylist()}
+    # A paragraph may run over a chunk boundary: the speaker's previous chunk is part of its scope.
+    by_index = {(row["transcript_id"], row["chunk_index"]): row for row in speakers.values()}
+    for row in speakers.values():
+        previous = by_index.get((row["transcript_id"], row["chunk_index"] - 1))
+        same_turn = previous is not None and previous["speaker"] == row["speaker"] and previous["kind"] == row["kind"]
+        row["before"] = previous["text"][-600:] + " " if same_turn else ""
     by_transcript: dict[str, list[dict[str, Any]]] = {}
-    for record in statements.select(["statement_id", "chunk_id", "transcript_id", "statement", "statement_type", "temporal_type",
-                                     "quarter", "company"]).to_pylist():
+    for record in sorted(statements.select(["statement_id", "chunk_id", "transcript_id", "statement", "statement_type",
+                                            "temporal_type", "quarter", "company", "statement_index"]).to_pylist(),
+                         key=lambda r: (r["transcript_id"], r["chunk_id"], r["statement_index"])):
         by_transcript.setdefault(record["transcript_id"], []).append(record)
     result = StageResult(tables.FIGURES.empty_table())
     records = []
@@ -195,7 +204,8 @@ def extract_figures(job: StageJob) -> StageResult:
         rows = [row for row in by_transcript.get(transcript.transcript_id, [])
                 if _said_by_the_company(speakers.get(row["chunk_id"]), own_people, context.ticker)]
         result.counts["statements_not_by_the_company"] += len(by_transcript.get(transcript.transcript_id, [])) - len(rows)
-        found = extractor.extract_figures([_raw_statement(row) for row in rows], context) if rows else []
+        scopes = _scopes(rows, speakers)
+        found = extractor.extract_figures([_raw_statement(row) for row in rows], context, scopes) if rows else []
         call = []
         for row, figures in zip(rows, found):
             for figure in figures:
@@ -216,6 +226,23 @@ def extract_figures(job: StageJob) -> StageResult:
     return result
 
 
+def _scopes(rows: list[dict[str, Any]], chunks: dict[str, dict[str, Any]]) -> list[str]:
+    """The paragraph before each statement: its chunk's text up to where the statement starts
+    (short openers such as 'Moving to full year.' are not statements, so the text is read, not
+    the earlier statements); the earlier statements of the chunk when the statement is not
+    found verbatim (its pronouns were resolved)."""
+    scopes, earlier = [], {}
+    for row in rows:
+        chunk = chunks.get(row["chunk_id"]) or {}
+        text = chunk.get("text") or ""
+        words = row["statement"].split()[:6]
+        found = re.search(r"\s+".join(re.escape(w) for w in words), text) if len(words) >= 3 else None
+        before = earlier.setdefault(row["chunk_id"], [])
+        scopes.append(chunk.get("before", "") + (text[:found.start()] if found else " ".join(before)))
+        before.append(row["statement"])
+    return scopes
+
+
 def _said_by_the_company(chunk: dict[str, Any] | None, own_people: set[str], ticker: str) -> bool:
     from tkg.core.names import company_for_name
 
@@ -230,15 +257,25 @@ def _said_by_the_company(chunk: dict[str, Any] | None, own_people: set[str], tic
 
 
 def _one_total_per_period(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Of competing company totals of revenue for one period, kind and basis in one call, the largest."""
+    """Of competing company totals of revenue (and operating income, net income, operating
+    expenses) for one period, kind and basis in one call, the largest. A statement whose total
+    lost is about a part of the business, so its other company-total figures ('Revenue of $465
+    million increased 7%', its margin) go too."""
     def key(figure: dict[str, Any]) -> tuple:
         return figure["kind"], figure["basis"], figure["fiscal_year"], figure["fiscal_quarter"], figure["unit"]
 
     largest: dict[tuple, float] = {}
     for figure in figures:
-        if figure["metric"] == "revenue":
-            largest[key(figure)] = max(largest.get(key(figure), figure["value"]), figure["value"])
-    return [figure for figure in figures if figure["metric"] != "revenue" or figure["value"] == largest[key(figure)]]
+        if figure["metric"] in _TOTALS and figure["segment"] is None:
+            largest[(figure["metric"], *key(figure))] = max(largest.get((figure["metric"], *key(figure)), abs(figure["value"])),
+                                                            abs(figure["value"]))
+    partial = {figure["event_id"] for figure in figures if figure["metric"] in _TOTALS and figure["segment"] is None
+               and abs(figure["value"]) != largest[(figure["metric"], *key(figure))]}
+    return [figure for figure in figures if figure["event_id"] not in partial or figure["segment"] is not None]
+
+
+# Amounts a company states one total of per period: a smaller one in the same call is a part's.
+_TOTALS = frozenset({"revenue", "operating_income", "net_income", "operating_expenses"})
 
 
 def build_entity_mentions(job: StageJob) -> StageResult:

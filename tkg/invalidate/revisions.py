@@ -4,7 +4,10 @@ Guidance is single-valued per (company, metric, segment, basis, fiscal period) (
 tkg.core.policy): it is retired at the first later call that
 - guides the same period to a different value ('we now expect $33.1 billion to $33.3 billion'),
 - or reports the actual for that period (a reported figure of the same metric and segment,
-  whose basis agrees or is not stated).
+  whose basis agrees or is not stated);
+- and otherwise at the first later call that reports any result of the period, or the first
+  call after the period ended: guidance for a closed period no longer stands.
+The basis separates two chains only when both figures state one.
 Restating the same value retires nothing, so 'reaffirming $1.20 billion' keeps the chain open
 and the next different value retires every restatement of the old one at once.
 
@@ -19,11 +22,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 import pyarrow as pa
 
 from tkg.core import policy, tables
+from tkg.core.companies import fiscal_quarter_bounds, get_company
 
 _SHORT_SCALES = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"))
 
@@ -59,20 +63,63 @@ def _period_key(row: dict) -> tuple:
     return tuple(row[column] for column in policy.POLICY.guidance_key)
 
 
-def _bases_agree(guidance: dict, actual: dict) -> bool:
-    return guidance["basis"] is None or actual["basis"] is None or guidance["basis"] == actual["basis"]
+def _bases_agree(guidance: dict, other: dict) -> bool:
+    """The basis decides only when both sides state one: a restatement tagged non-GAAP once in a
+    chain of unstated ones is the same guidance, not a second one standing beside it."""
+    return guidance["basis"] is None or other["basis"] is None or guidance["basis"] == other["basis"]
 
 
 def _retirer(guidance: dict, later: list[dict]) -> tuple[dict, str] | None:
-    """The first later figure that retires `guidance`, with the reason; `later` is sorted by time."""
+    """The first later figure that retires `guidance`, with the reason; `later` is sorted by time.
+
+    Call by call: a reported actual retires it; a guided value retires it only when no figure of
+    that call with an agreeing basis restates its value (a call that guides GAAP and non-GAAP
+    EPS at once restates an unstated-basis guidance by one of them, and revises nothing)."""
+    calls: dict[datetime, list[dict]] = defaultdict(list)
     for row in later:
-        if row["stated_at"] <= guidance["stated_at"]:
-            continue
-        if row["kind"] == "reported" and _bases_agree(guidance, row):
-            return row, (f"{period_label(guidance)} {guidance['metric']} reported at {describe(row)}: "
-                         f"the guidance of {describe(guidance)} is retired")
-        if row["kind"] == "guidance" and row["basis"] == guidance["basis"] and not policy.POLICY.figure_values_agree(guidance, row):
-            return row, f"{period_label(guidance)} {guidance['metric']} guidance revised from {describe(guidance)} to {describe(row)}"
+        if row["stated_at"] > guidance["stated_at"] and _bases_agree(guidance, row):
+            calls[row["stated_at"]].append(row)
+    for stated_at in sorted(calls):
+        rows = calls[stated_at]
+        if (actual := next((r for r in rows if r["kind"] == "reported"), None)) is not None:
+            return actual, (f"{period_label(guidance)} {guidance['metric']} reported at {describe(actual)}: "
+                            f"the guidance of {describe(guidance)} is retired")
+        guided = [r for r in rows if r["kind"] == "guidance"]
+        if any(policy.POLICY.figure_values_agree(guidance, r) for r in guided):
+            continue  # restated: the guidance stands
+        if guided:
+            return guided[0], f"{period_label(guidance)} {guidance['metric']} guidance revised from {describe(guidance)} to {describe(guided[0])}"
+    return None
+
+
+def _period_end(row: dict) -> datetime | None:
+    """The (exclusive) end of the figure's fiscal period on its company's calendar."""
+    try:
+        company = get_company(row["company"])
+    except KeyError:
+        return None
+    if row["fiscal_quarter"]:
+        _, after = fiscal_quarter_bounds(company.fiscal_year_end_month, row["fiscal_quarter"], row["fiscal_year"])
+    else:
+        _, after = fiscal_quarter_bounds(company.fiscal_year_end_month, 4, row["fiscal_year"])
+    return datetime(after.year, after.month, after.day, tzinfo=timezone.utc)
+
+
+def _closer(guidance: dict, reported_by_period: dict[tuple, list[dict]], calls: list[dict]) -> tuple[dict, str] | None:
+    """Guidance nothing revised or reported closes when its period's results are published: at
+    the first later call that reports any figure of the period, or else the first call after the
+    period ended (its results were due there). `calls` holds one figure per call, by time."""
+    key = (guidance["company"], guidance["fiscal_year"], guidance["fiscal_quarter"])
+    reported = next((r for r in reported_by_period.get(key, []) if r["stated_at"] > guidance["stated_at"]), None)
+    end = _period_end(guidance)
+    after_end = next((c for c in calls if end is not None and c["stated_at"] >= end and c["stated_at"] > guidance["stated_at"]),
+                     None)
+    if reported is not None and (after_end is None or reported["stated_at"] <= after_end["stated_at"]):
+        return reported, (f"{period_label(guidance)} results reported on {reported['stated_at']:%Y-%m-%d}: the "
+                          f"{guidance['metric']} guidance of {describe(guidance)} is closed")
+    if after_end is not None:
+        return after_end, (f"{period_label(guidance)} ended before the call of {after_end['stated_at']:%Y-%m-%d}: the "
+                           f"{guidance['metric']} guidance of {describe(guidance)} is closed")
     return None
 
 
@@ -82,6 +129,15 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
     rows = figures.to_pylist()
     for row in rows:
         by_period[_period_key(row)].append(row)
+    reported_by_period: dict[tuple, list[dict]] = defaultdict(list)
+    first_of_call: dict[tuple, dict] = {}
+    for row in sorted(rows, key=lambda r: (r["stated_at"], r["figure_id"])):
+        if row["kind"] == "reported":
+            reported_by_period[(row["company"], row["fiscal_year"], row["fiscal_quarter"])].append(row)
+        first_of_call.setdefault((row["company"], row["stated_at"]), row)
+    calls_of: dict[str, list[dict]] = defaultdict(list)
+    for (company, _), row in sorted(first_of_call.items(), key=lambda item: (item[0][0], item[0][1])):
+        calls_of[company].append(row)
     invalidations, judgments = [], []
     retired: dict[str, dict] = {}
     for group in by_period.values():
@@ -89,7 +145,7 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
         for row in group:
             if row["kind"] != "guidance":
                 continue
-            found = _retirer(row, group)
+            found = _retirer(row, group) or _closer(row, reported_by_period, calls_of[row["company"]])
             if found is None:
                 continue
             winner, reason = found

@@ -186,9 +186,11 @@ class LLMExtractor(_Stages):
         )
         return [results.get(i) or RawExtraction() for i in range(len(statements))]
 
-    def extract_figures(self, statements: Sequence[RawStatement], context: DocumentContext) -> list[list[RawFigure]]:
+    def extract_figures(self, statements: Sequence[RawStatement], context: DocumentContext,
+                        scopes: Sequence[str] | None = None) -> list[list[RawFigure]]:
         """The figures of each statement, aligned with `statements`; a statement without an
-        answer (counted as unanswered in the stats) has none."""
+        answer (counted as unanswered in the stats) has none. The model reads each statement
+        alone (they are self-contained by the statement prompt's rules), so `scopes` is unused."""
         # A statement without a digit states no figure: it gets [] here, with no request and no
         # cache entry, which spares the requests for most of a call.
         asked = [index for index, statement in enumerate(statements) if _DIGIT.search(statement.statement)]
