@@ -33,7 +33,7 @@ from tkg.ingest import stages as ingest
 from tkg.ingest.stages import CHUNKS_VERSION, TRANSCRIPTS_VERSION
 from tkg.invalidate import stages as invalidate
 from tkg.invalidate.retention import RETENTION_VERSION, retention_settings
-from tkg.invalidate.stages import INVALIDATION_VERSION
+from tkg.invalidate.stages import INVALIDATION_VERSION, POSITIONS_VERSION
 from tkg.llm.prompts import TEMPLATES
 from tkg.providers import Fingerprints
 from tkg.resolve import stages as resolve
@@ -182,12 +182,15 @@ STAGES: tuple[Stage, ...] = (
         "The bi-temporal history: which DYNAMIC facts a later fact retired, when (invalid_at), when that became known "
         "(expired_at) and by which event (invalidated_by), and which guidance figures a later call revised. The "
         "earliest retirement over every shard wins, so the result depends on the set of events only, never on the "
-        "order partitions arrived in or on the number of shards. Every judgment and its reason is kept for audit.",
-        code_version=lambda f: f.judge, compute=invalidate.invalidated_events,
-        inputs=("judged_pairs", "figures", "temporal_events"), kind="global",
+        "order partitions arrived in or on the number of shards. Every judgment and its reason is kept for audit. "
+        "The participants lists end positions too (one firm at a time, a later title replaces the earlier one, "
+        "single-holder offices, and absence for the call's host, labelled end_evidence 'absence').",
+        code_version=lambda f: f"{f.judge}:{POSITIONS_VERSION}:{f.policy}", compute=invalidate.invalidated_events,
+        inputs=("judged_pairs", "figures", "temporal_events", "chunks", "triplets", "canonical_entities"), kind="global",
         tables=(Table("invalidation_judgments", tables.INVALIDATION_JUDGMENTS),
                 Table("figure_invalidations", tables.FIGURE_INVALIDATIONS),
-                Table("event_invalidations", tables.EVENT_INVALIDATIONS))),
+                Table("event_invalidations", tables.EVENT_INVALIDATIONS),
+                Table("position_listings", tables.POSITION_LISTINGS))),
     Stage(
         "fact_relevance", "retention",
         "A relevance score per fact: recency (halving every half_life_days from its last statement) x trust in its "

@@ -84,3 +84,20 @@ def company_for_name(name: str | None) -> Company | None:
     if not name:
         return None
     return _company_keys().get(organisation_key(name))
+
+
+def firm_key(name: str | None) -> frozenset[str]:
+    """The words that name a firm, without legal suffixes and the words every bank's name has:
+    'RBC Capital Markets, LLC, Research Division' -> {'rbc'}, 'Sanford C. Bernstein & Co., LLC.'
+    -> {'sanford', 'c', 'bernstein'}. Two firms are one when one key holds the other (`same_firm`)."""
+    from tkg.core.policy import POLICY  # the policy reads nothing from here; imported late to keep names light
+
+    text = f" {fold(organisation_key(name or '') if name else '')} "
+    for spelling, canonical in POLICY.firm_spellings:
+        text = text.replace(f" {spelling} ", f" {canonical} ")
+    return frozenset(word for word in text.split() if word not in POLICY.firm_generic_words)
+
+
+def same_firm(a: frozenset[str], b: frozenset[str]) -> bool:
+    """'Bernstein' and 'Sanford C. Bernstein': one key's words all in the other's."""
+    return bool(a) and bool(b) and (a <= b or b <= a)

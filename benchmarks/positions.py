@@ -1,0 +1,64 @@
+"""Issue 26's measures on a built home: valid investor-relations holders per company and
+people valid at two or more firms, on given dates; spoken-form aliases.
+
+    PYTHONPATH=. python benchmarks/positions.py /tmp/h26/tkg.duckdb [2018-06-01 2020-06-01]
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter, defaultdict
+
+import duckdb
+
+from tkg.core.names import company_for_name, firm_key, same_firm
+
+IR = re.compile(r"\bIR\b|Investor Relations", re.IGNORECASE)
+
+
+def firms(keys: list[frozenset[str]]) -> int:
+    """How many different firms a list of firm keys names ('Bernstein' = 'Sanford C. Bernstein')."""
+    distinct: list[frozenset[str]] = []
+    for key in keys:
+        if key and not any(same_firm(key, seen) for seen in distinct):
+            distinct.append(key)
+    return len(distinct)
+
+
+def main(path: str, days: list[str]) -> None:
+    connection = duckdb.connect(path, read_only=True)
+    for day in days:
+        rows = connection.execute("""
+            SELECT company, person_id, any_value(person), role, organization FROM officers
+            WHERE valid_at <= ?::TIMESTAMPTZ AND (invalid_at IS NULL OR invalid_at > ?::TIMESTAMPTZ)
+            GROUP BY ALL""", [day, day]).fetchall()
+        ir: dict[str, set[str]] = defaultdict(set)
+        by_person: dict[str, list[frozenset[str]]] = defaultdict(list)
+        names = {}
+        for company, person_id, person, role, organization in rows:
+            own = company_for_name(organization)
+            names[person_id] = person
+            if own is not None and own.ticker == company:
+                by_person[person_id].append(frozenset({f"company:{company}"}))
+                if IR.search(role or ""):
+                    ir[company].add(person)
+            else:
+                by_person[person_id].append(firm_key(organization))
+        several = sorted(names[p] for p, keys in by_person.items() if firms(keys) >= 2)
+        print(f"{day}: IR holders valid {sum(len(v) for v in ir.values())} across {len(ir)} companies: "
+              + ", ".join(f"{c} {len(v)}" for c, v in sorted(ir.items())))
+        print(f"{day}: people valid at 2+ firms: {len(several)} e.g. {several[:8]}")
+    try:
+        spoken = connection.execute("SELECT count(*) FROM entity_aliases WHERE source = 'spoken'").fetchone()[0]
+        print(f"spoken-form aliases: {spoken}")
+    except duckdb.Error:
+        pass
+    counts = Counter(dict(connection.execute(
+        "SELECT coalesce(end_evidence, 'none'), count(*) FROM officer_tenures GROUP BY ALL").fetchall())
+        if "end_evidence" in [c[0] for c in connection.execute("DESCRIBE officer_tenures").fetchall()] else {})
+    print(f"officer_tenures endings by evidence: {dict(counts)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:] or ["2018-06-01", "2020-06-01"])
