@@ -80,6 +80,21 @@ def office_class(title: str, rules: policy_module.InvalidationPolicy | None = No
     return None
 
 
+_TITLE_NOISE = re.compile(r"\b(?:of|the|and|for)\b|&")
+_TITLE_SPELLINGS = ((re.compile(r"\bsr\b"), "senior"), (re.compile(r"\bdir\b"), "director"),
+                    (re.compile(r"\bgm\b"), "general manager"), (re.compile(r"\bmd\b"), "managing director"),
+                    (re.compile(r"\binvestor relations\b"), "ir"))
+
+
+def title_key(title: str) -> str:
+    """A title without its spelling: 'General Manager IR', 'General Manager of IR' and 'GM of
+    Investor Relations' are one title, so a list that spells it differently changes nothing."""
+    text = fold(title)
+    for pattern, replacement in _TITLE_SPELLINGS:
+        text = pattern.sub(replacement, text)
+    return " ".join(_TITLE_NOISE.sub(" ", text).split())
+
+
 def _day(moment: datetime) -> str:
     return f"{moment:%Y-%m-%d}"
 
@@ -110,37 +125,52 @@ def _calls(rows: list[Listing]) -> list[tuple[datetime, str, list[Listing]]]:
     return [(at, call, sorted(found, key=lambda r: r.event_id)) for (at, call), found in sorted(grouped.items())]
 
 
+def _last(calls, holds) -> int | None:
+    """The index of the last call at which `holds(listings of that call)` is true."""
+    return max((index for index, (_, _, here) in enumerate(calls) if holds(here)), default=None)
+
+
 def _firms_and_titles(listings: list[Listing], rules, propose) -> None:
+    """A position ends at the first call after its last listing that shows the person elsewhere
+    (another firm) or at the firm under other titles only. Measured from the last listing, so a
+    position listed again later is never ended in between: a list that once spells a title
+    differently, or a call a person is listed at for another firm, does not cut a tenure."""
     by_person: dict[str, list[Listing]] = defaultdict(list)
     for row in listings:
         by_person[row.person_id].append(row)
     for rows in by_person.values():
         calls = _calls(rows)
-        for position, (at, _, here) in enumerate(calls):
-            for row in here:
-                firm = row.firm_words()
-                for later_at, _, later in calls[position + 1:]:
-                    if later_at <= at:
-                        continue  # two calls at one moment cannot order two jobs
-                    at_firm = [r for r in later if same_firm(r.firm_words(), firm)]
-                    if not at_firm:
-                        if rules.one_firm_at_a_time:
-                            shown = later[0]
-                            where = shown.firm if not shown.corporate else shown.company
-                            propose(row, PositionEnd(later_at, shown.event_id, STATEMENT,
-                                                     f"{row.person} listed at {where} from {call_label(shown)}: "
-                                                     "a person works at one firm at a time", shown.known_at))
-                        break
-                    if row.office_id not in {r.office_id for r in at_firm}:
-                        if rules.titles_replace_titles:
-                            titles = ", ".join(sorted({r.title for r in at_firm}))
-                            propose(row, PositionEnd(later_at, at_firm[0].event_id, STATEMENT,
-                                                     f"{row.person} listed as {titles} from {call_label(at_firm[0])}: "
-                                                     f"the later title replaces {row.title}", at_firm[0].known_at))
-                        break
+        for row in rows:
+            firm, title = row.firm_words(), title_key(row.title)
+            at_firm = lambda here: [r for r in here if same_firm(r.firm_words(), firm)]  # noqa: E731
+            last_firm = _last(calls, lambda here: bool(at_firm(here)))
+            # one title: the same words, or the same office entity however the list spells it
+            same = lambda r: title_key(r.title) == title or r.office_id == row.office_id  # noqa: E731
+            last_title = _last(calls, lambda here: any(same(r) for r in at_firm(here)))
+            for index in range(last_title + 1, len(calls)):
+                later_at, _, later = calls[index]
+                if later_at <= row.at:
+                    continue
+                here = at_firm(later)
+                if not here and index > last_firm:
+                    if rules.one_firm_at_a_time:
+                        shown = later[0]
+                        where = shown.firm if not shown.corporate else shown.company
+                        propose(row, PositionEnd(later_at, shown.event_id, STATEMENT,
+                                                 f"{row.person} listed at {where} from {call_label(shown)}: "
+                                                 "a person works at one firm at a time", shown.known_at))
+                    break
+                if here and rules.titles_replace_titles:
+                    titles = ", ".join(sorted({r.title for r in here}))
+                    propose(row, PositionEnd(later_at, here[0].event_id, STATEMENT,
+                                             f"{row.person} listed as {titles} from {call_label(here[0])}: "
+                                             f"the later title replaces {row.title}", here[0].known_at))
+                    break
 
 
 def _single_holders(listings: list[Listing], rules, propose) -> None:
+    """A single-holder office ends at the first call after its holder's last listing in it that
+    lists someone else in it (or, for `absence_ends` offices, does not list the holder at all)."""
     by_company: dict[str, list[Listing]] = defaultdict(list)
     for row in listings:
         if row.corporate:
@@ -149,7 +179,6 @@ def _single_holders(listings: list[Listing], rules, propose) -> None:
     absent_offices = {name for name, _ in rules.absence_ends}
     for rows in by_company.values():
         calls = _calls(rows)
-        # who holds each single-holder office at each call, and who is listed at all
         holders: list[dict[tuple[str, str], list[Listing]]] = []
         for _, _, here in calls:
             offices: dict[tuple[str, str], list[Listing]] = defaultdict(list)
@@ -158,44 +187,28 @@ def _single_holders(listings: list[Listing], rules, propose) -> None:
                     offices[found].append(row)
             holders.append(offices)
         listed = [{row.person_id for row in here} for _, _, here in calls]
-        for position, (at, _, here) in enumerate(calls):
-            for office, held in holders[position].items():
+        for index, offices in enumerate(holders):
+            for office, held in offices.items():
                 for row in held:
-                    _replaced(row, office, calls, holders, position, reasons, propose)
-                    if office[0] in absent_offices:
-                        _absent(row, office, calls, holders, listed, position, propose)
-
-
-def _replaced(row: Listing, office, calls, holders, position: int, reasons, propose) -> None:
-    """A different person listed in the office at a later call, without `row`'s person."""
-    for later in range(position + 1, len(calls)):
-        others = holders[later].get(office, [])
-        if not others or calls[later][0] <= row.at:
-            continue
-        if any(other.person_id == row.person_id for other in others):
-            continue  # restated (alone or beside another holder)
-        successor = others[0]
-        where = f"{office[0]} ({office[1]})" if office[1] else office[0]
-        propose(row, PositionEnd(successor.at, successor.event_id, STATEMENT,
-                                 f"{successor.person} listed as {successor.title} from {call_label(successor)}: "
-                                 f"the {where} is held by one person at a time ({reasons[office[0]]})",
-                                 successor.known_at))
-        return
-
-
-def _absent(row: Listing, office, calls, holders, listed, position: int, propose) -> None:
-    """The holder never listed in the office again: ended at the first call after their last
-    listing in it that does not list them at all."""
-    last = max(index for index in range(len(calls)) if any(r.person_id == row.person_id for r in holders[index].get(office, [])))
-    if last < position:
-        return
-    for later in range(last + 1, len(calls)):
-        if row.person_id in listed[later] or calls[later][0] <= row.at:
-            continue
-        first = calls[later][2][0]
-        propose(row, PositionEnd(first.at, None, ABSENCE, f"absent from the participants from {call_label(first)} on",
-                                 first.known_at))
-        return
+                    last = max(i for i, found in enumerate(holders) if any(r.person_id == row.person_id for r in found.get(office, ())))
+                    for later in range(last + 1, len(calls)):
+                        if calls[later][0] <= row.at:
+                            continue
+                        others = holders[later].get(office, [])
+                        if others:
+                            successor = others[0]
+                            where = f"{office[0]} ({office[1]})" if office[1] else office[0]
+                            propose(row, PositionEnd(successor.at, successor.event_id, STATEMENT,
+                                                     f"{successor.person} listed as {successor.title} from "
+                                                     f"{call_label(successor)}: the {where} is held by one person at "
+                                                     f"a time ({reasons[office[0]]})", successor.known_at))
+                            break
+                        if office[0] in absent_offices and row.person_id not in listed[later]:
+                            first = calls[later][2][0]
+                            propose(row, PositionEnd(first.at, None, ABSENCE,
+                                                     f"absent from the participants from {call_label(first)} on",
+                                                     first.known_at))
+                            break
 
 
 # The HOLDS_ROLE events of the participants lists, with the canonical person and office
