@@ -38,6 +38,7 @@ from tkg.llm.prompts import TEMPLATES
 from tkg.providers import Fingerprints
 from tkg.resolve import stages as resolve
 from tkg.resolve.resolution import RESOLUTION_VERSION
+from tkg.resolve.stages import SPOKEN_VERSION
 from tkg.store.warehouse import RawTable, warehouse_code_version
 
 
@@ -144,6 +145,15 @@ STAGES: tuple[Stage, ...] = (
         code_version=lambda f: RESOLUTION_VERSION, compute=resolve.canonical_entities, inputs=("entities",),
         outside_inputs=("registry",), kind="global",
         tables=(Table("entity_resolution", tables.ENTITY_RESOLUTION), Table("canonical_entities", tables.CANONICAL_ENTITIES))),
+    Stage(
+        "spoken_mentions", "resolution",
+        "Names as they are spoken in the call: the operator's introductions, self-introductions and 'in for' "
+        "phrases, each linked to the participant it names (by speaker turn, else by the call's participants list "
+        "and the nickname and initial rules) and so to that person's canonical entity; entity_aliases shows the "
+        "new forms (source 'spoken').",
+        code_version=lambda f: SPOKEN_VERSION, compute=resolve.spoken_mentions,
+        inputs=("chunks", "statements", "triplets", "canonical_entities"), kind="global",
+        tables=(Table("spoken_mentions", tables.SPOKEN_MENTIONS),)),
     Stage(
         "fact_blocks", "invalidation",
         "The facts invalidation compares (FACT, non-ATEMPORAL events with triplets, each with the key of the fact it "

@@ -87,6 +87,13 @@ ENTITY_RESOLUTION = pa.schema([
     ("entity_id", pa.string()), ("canonical_id", pa.string()), ("method", pa.string()), ("score", pa.float64()),
 ])
 
+# A participant named in the call as the operator or a speaker said it (tkg.resolve.spoken).
+SPOKEN_MENTIONS = pa.schema([
+    ("mention_id", pa.string()), ("transcript_id", pa.string()), ("company", pa.string()), ("chunk_id", pa.string()),
+    ("spoken", pa.string()), ("kind", pa.string()), ("participant", pa.string()), ("canonical_id", pa.string()),
+    ("method", pa.string()),
+])
+
 EVENT_INVALIDATIONS = pa.schema([
     ("event_id", pa.string()), ("invalid_at", TIMESTAMP), ("expired_at", TIMESTAMP), ("invalidated_by", pa.string()),
     # 'statement' (a later statement or listing retired it) or 'absence' (inferred: the holder is

@@ -243,9 +243,11 @@ def listings_from_rows(rows: list[dict], chunk_texts: dict[str, str]) -> tuple[l
         company_name = get_company(row["company"]).name
         office = row["object_mention"] or ""
         title = office
-        for suffix in (participant.organization, company_name):
-            suffix = f" of {(suffix or '').rstrip('.')}"
-            if suffix != " of " and office.endswith(suffix):
+        # the office names its organisation with or without the final period ('Amazon.com, Inc.')
+        suffixes = [f" of {name.rstrip('.')}{end}" for name in (participant.organization, company_name) if name
+                    for end in (".", "")]
+        for suffix in suffixes:
+            if office.endswith(suffix):
                 title = office[: -len(suffix)]
                 break
         else:
