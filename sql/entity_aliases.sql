@@ -9,7 +9,7 @@ WITH named AS (
     SELECT DISTINCT m.spoken AS alias, c.type, c.canonical_id, c.name
     FROM raw.spoken_mentions AS m
     JOIN canonical_entities AS c ON c.canonical_id = m.canonical_id AND c.merged_into IS NULL
-    WHERE m.spoken NOT IN (SELECT alias FROM named)
+    WHERE m.spoken NOT IN (SELECT alias FROM named) AND m.spoken LIKE '% %'  -- a first name alone names nobody across calls
 )
 SELECT alias, type, canonical_id, name AS canonical_name, 'name' AS source FROM named
 UNION ALL

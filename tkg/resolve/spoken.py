@@ -14,7 +14,8 @@ Each spoken form is linked to the participant it names, in this order:
 2. **by the call's participants list**: otherwise the one participant whose name the form
    matches by the nickname and initial rules ('Bob' = 'Robert', 'R.' = 'Robert', 'Jen' =
    'Jensen'); none or several, and the form stays unlinked (counted).
-Only forms of two words or more are kept: a first name alone names nobody across calls.
+A speaker's first name alone ('This is Darin', 'calling in for Harlan') is a mention within its
+call; only forms of two words or more become aliases (sql/entity_aliases.sql).
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ _OPERATOR = [
     re.compile(rf"\b(?:introduce|over to|turn it to|hand it to)\s+(?:your\s+host(?:ess)?(?:\s+for today's call)?,?\s+|today's host,?\s+)?{NAME}"),
     re.compile(rf"^(?:(?:Thank you|Thanks)\.\s+)?{NAME},?\s+(?:with|from|of)\s+[A-Z]"),
 ]
-_SELF = re.compile(rf"\b(?:[Tt]his is|[Ii]t's|[Ii]t is|[Hh]i,? it's)\s+{NAME}")
-_IN_FOR = re.compile(rf"\bin for\s+{NAME}")
+# A speaker often says a first name only ('This is Darin', 'calling in for Harlan'): such a form
+# is linked within its call, but never becomes an alias (a first name names nobody across calls).
+SHORT_NAME = rf"(?P<name>{_TOKEN}(?:\s+[A-Z]\.)?(?:\s+{_TOKEN}){{0,2}})"
+_SELF = re.compile(rf"\b(?:[Tt]his is|[Ii]t's|[Ii]t is|[Hh]i,? it's)\s+{SHORT_NAME}")
+_IN_FOR = re.compile(rf"\b(?:in for|on behalf of)\s+{SHORT_NAME}")
 # Capitalised words that begin a phrase, not a name ('This is Bank of America', 'Our next question').
 _NOT_NAMES = {"the", "our", "your", "this", "that", "bank", "morgan", "goldman", "credit", "operator", "thank", "thanks",
               "ladies", "good", "next", "first", "final", "last", "question", "and", "it", "we", "i"}
@@ -74,6 +78,8 @@ def names_agree(spoken: str, full: str, turn: bool) -> bool:
     the same and the given names agree by the nickname and initial rules."""
     given, surname = _given_and_surname(spoken)
     full_given, full_surname = _given_and_surname(full)
+    if len(spoken.split()) == 1:  # a first name alone: its given name must agree
+        return any(_given_agree(fold(spoken), other) for other in full_given)
     first_agrees = bool(given) and any(_given_agree(given[0], other) for other in full_given)
     if surname == full_surname:
         return turn or first_agrees
@@ -83,9 +89,13 @@ def names_agree(spoken: str, full: str, turn: bool) -> bool:
     return False
 
 
-def _plausible(name: str) -> bool:
+def _plausible(name: str, kind: str) -> bool:
+    """Two words or more from the operator; a speaker's own first name, or the colleague's they
+    stand in for, may come alone, though not in capitals ('on behalf of ASML')."""
     words = name.split()
-    return len(words) >= 2 and fold(words[0]) not in _NOT_NAMES and fold(words[-1]) not in _NOT_NAMES
+    if not words or fold(words[0]) in _NOT_NAMES or fold(words[-1]) in _NOT_NAMES:
+        return False
+    return len(words) >= 2 or (kind != "operator" and not words[0].isupper() and len(words[0]) > 2)
 
 
 def spoken_forms(text: str, speaker: str | None, next_speaker: str | None) -> list[SpokenForm]:
@@ -103,23 +113,32 @@ def spoken_forms(text: str, speaker: str | None, next_speaker: str | None) -> li
     seen, kept = set(), []
     for form in found:
         name = re.sub(r"[’']s$", "", form.spoken.strip())
-        if _plausible(name) and (name, form.kind) not in seen:
+        if _plausible(name, form.kind) and (name, form.kind) not in seen:
             seen.add((name, form.kind))
             kept.append(SpokenForm(name, form.kind, form.target))
     return kept
 
 
-def link(form: SpokenForm, participants: list[str]) -> tuple[str, str] | None:
-    """The participant a spoken form names and how it was found ('turn' or 'participants')."""
+def link(form: SpokenForm, participants: list[str], company_people: list[str] = ()) -> tuple[str, str] | None:
+    """The participant a spoken form names and how it was found: 'turn', 'participants', or for
+    an 'in for' form, whose colleague is often off this call's list, 'company_participants' (the
+    one person of the company's other calls the form matches)."""
     if form.target and form.target in participants and names_agree(form.spoken, form.target, turn=True):
         return form.target, "turn"
     matches = [name for name in participants if names_agree(form.spoken, name, turn=False)]
-    return (matches[0], "participants") if len(matches) == 1 else None
+    if len(matches) == 1:
+        return matches[0], "participants"
+    if form.kind == "in_for" and not matches:
+        matches = [name for name in company_people if names_agree(form.spoken, name, turn=False)]
+        if len(matches) == 1:
+            return matches[0], "company_participants"
+    return None
 
 
-def call_mentions(chunks: list[dict], participants: list[str]) -> tuple[list[dict], int]:
+def call_mentions(chunks: list[dict], participants: list[str], company_people: list[str] = ()) -> tuple[list[dict], int]:
     """Spoken-form mentions of one call from its chunks in order (chunk_id, speaker, text): one
-    row per (chunk, form) linked to a participant, and how many forms stayed unlinked."""
+    row per (chunk, form) linked to a participant (or, for 'in for', to one of `company_people`,
+    the participants of the company's calls), and how many forms stayed unlinked."""
     speakers = [chunk["speaker"] for chunk in chunks]
     rows, unlinked = [], 0
     for position, chunk in enumerate(chunks):
@@ -128,7 +147,7 @@ def call_mentions(chunks: list[dict], participants: list[str]) -> tuple[list[dic
             continue
         next_speaker = next((s for s in speakers[position + 1:] if s and s != speaker), None)
         for form in spoken_forms(chunk["text"], speaker, next_speaker):
-            linked = link(form, participants)
+            linked = link(form, participants, company_people)
             if linked is None:
                 unlinked += 1
                 continue

@@ -33,12 +33,12 @@ def canonical_entities(job: StageJob) -> StageResult:
 
 
 # Bump when the phrases or linking rules of tkg.resolve.spoken change.
-SPOKEN_VERSION = "spoken-mentions-1"
+SPOKEN_VERSION = "spoken-mentions-2"
 
 # Each call's participants with their canonical person: the subjects of the HOLDS_ROLE triplets
 # stated from the participants chunk.
 _LISTED_PEOPLE_SQL = """
-    SELECT DISTINCT s.transcript_id, t.subject_mention AS participant, t.subject_id AS canonical_id
+    SELECT DISTINCT s.transcript_id, c.company, t.subject_mention AS participant, t.subject_id AS canonical_id
     FROM triplets AS t
     JOIN statements AS s ON s.statement_id = t.event_id
     JOIN call_chunks AS c ON c.chunk_id = s.chunk_id AND c.kind = 'participants'
@@ -67,8 +67,10 @@ def spoken_mentions(job: StageJob) -> StageResult:
     scan(store, connection, chunk_files).select("chunk_id", "transcript_id", "company", "chunk_index", "kind", "speaker",
                                                 "text").create_view("call_chunks", replace=True)
     people: dict[str, dict[str, str]] = {}
-    for transcript_id, participant, canonical_id in connection.execute(_LISTED_PEOPLE_SQL + " ORDER BY ALL").fetchall():
+    company_people: dict[str, dict[str, str]] = {}  # every call's participants, by company
+    for transcript_id, company, participant, canonical_id in connection.execute(_LISTED_PEOPLE_SQL + " ORDER BY ALL").fetchall():
         people.setdefault(transcript_id, {}).setdefault(participant, canonical_id)
+        company_people.setdefault(company, {}).setdefault(participant, canonical_id)
     records, counts = [], Counter()
     reader = connection.execute("SELECT * FROM call_chunks ORDER BY transcript_id, chunk_index").to_arrow_reader()
     call: list[dict] = []
@@ -78,12 +80,13 @@ def spoken_mentions(job: StageJob) -> StageResult:
             return
         transcript_id, company = call[0]["transcript_id"], call[0]["company"]
         listed = people.get(transcript_id, {})
-        rows, unlinked = call_mentions(call, sorted(listed))
+        known = company_people.get(company, {})
+        rows, unlinked = call_mentions(call, sorted(listed), sorted(known))
         counts["spoken_forms_unlinked"] += unlinked
         for row in rows:
             records.append({**row, "mention_id": short_hash(row["chunk_id"], row["spoken"], row["kind"]),
                             "transcript_id": transcript_id, "company": company,
-                            "canonical_id": listed[row["participant"]]})
+                            "canonical_id": listed.get(row["participant"]) or known[row["participant"]]})
         call.clear()
 
     for batch in reader:
