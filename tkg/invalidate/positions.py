@@ -88,7 +88,8 @@ _TITLE_SPELLINGS = ((re.compile(r"\bsr\b"), "senior"), (re.compile(r"\bdir\b"), 
 
 def title_key(title: str) -> str:
     """A title without its spelling: 'General Manager IR', 'General Manager of IR' and 'GM of
-    Investor Relations' are one title, so a list that spells it differently changes nothing."""
+    Investor Relations' are one title, so a list that spells it differently changes nothing.
+    A title is still held while its words are all among the person's titles at the firm."""
     text = fold(title)
     for pattern, replacement in _TITLE_SPELLINGS:
         text = pattern.sub(replacement, text)
@@ -144,9 +145,15 @@ def _firms_and_titles(listings: list[Listing], rules, propose) -> None:
             firm, title = row.firm_words(), title_key(row.title)
             at_firm = lambda here: [r for r in here if same_firm(r.firm_words(), firm)]  # noqa: E731
             last_firm = _last(calls, lambda here: bool(at_firm(here)))
-            # one title: the same words, or the same office entity however the list spells it
-            same = lambda r: title_key(r.title) == title or r.office_id == row.office_id  # noqa: E731
-            last_title = _last(calls, lambda here: any(same(r) for r in at_firm(here)))
+            # still held: the same office entity, or its words all within the titles listed at the
+            # firm ('Corporate Vice President, IR' is two offices, 'Corporate VP of IR' one)
+            words = set(title.split())
+
+            def holds(here: list[Listing]) -> bool:
+                listed = at_firm(here)
+                return any(r.office_id == row.office_id for r in listed) or (
+                    bool(listed) and words <= {word for r in listed for word in title_key(r.title).split()})
+            last_title = _last(calls, holds)
             for index in range(last_title + 1, len(calls)):
                 later_at, _, later = calls[index]
                 if later_at <= row.at:
