@@ -19,11 +19,12 @@ IR = re.compile(r"\bIR\b|Investor Relations", re.IGNORECASE)
 
 def firms(keys: list[frozenset[str]]) -> int:
     """How many different firms a list of firm keys names ('Bernstein' = 'Sanford C. Bernstein')."""
-    distinct: list[frozenset[str]] = []
-    for key in keys:
-        if key and not any(same_firm(key, seen) for seen in distinct):
-            distinct.append(key)
-    return len(distinct)
+    clusters: list[list[frozenset[str]]] = []
+    for key in sorted(keys, key=sorted):
+        matching = [cluster for cluster in clusters if any(same_firm(key, seen) for seen in cluster)]
+        merged = [key] + [seen for cluster in matching for seen in cluster]  # spellings chain
+        clusters = [cluster for cluster in clusters if cluster not in matching] + [merged]
+    return len(clusters)
 
 
 def main(path: str, days: list[str]) -> None:
@@ -35,17 +36,19 @@ def main(path: str, days: list[str]) -> None:
             GROUP BY ALL""", [day, day]).fetchall()
         ir: dict[str, set[str]] = defaultdict(set)
         by_person: dict[str, list[frozenset[str]]] = defaultdict(list)
+        orgs: dict[str, set[str]] = defaultdict(set)
         names = {}
         for company, person_id, person, role, organization in rows:
             own = company_for_name(organization)
             names[person_id] = person
+            orgs[person_id].add(organization)
             if own is not None and own.ticker == company:
                 by_person[person_id].append(frozenset({f"company:{company}"}))
                 if IR.search(role or ""):
                     ir[company].add(person)
             else:
                 by_person[person_id].append(firm_key(organization))
-        several = sorted(names[p] for p, keys in by_person.items() if firms(keys) >= 2)
+        several = sorted(f"{names[p]} {sorted(orgs[p])}" for p, keys in by_person.items() if firms(keys) >= 2)
         print(f"{day}: IR holders valid {sum(len(v) for v in ir.values())} across {len(ir)} companies: "
               + ", ".join(f"{c} {len(v)}" for c, v in sorted(ir.items())))
         print(f"{day}: people valid at 2+ firms: {len(several)} e.g. {several[:8]}")

@@ -79,7 +79,7 @@ class InvalidationPolicy:
         "capital", "markets", "securities", "research", "division", "equity", "equities", "bank", "investment",
         "institutional", "companies", "company", "associates", "partners", "financial", "international", "intl",
         "america", "usa", "global", "services", "corporate", "llc", "inc", "co", "the", "and", "of", "group", "plc",
-        "ltd", "limited", "incorporated", "corp", "corporation", "ag", "sa", "lp", "llp", "chase", "arm"})
+        "ltd", "limited", "incorporated", "corp", "corporation", "ag", "sa", "lp", "llp", "lllp", "chase", "arm", "technology"})
     firm_spellings: tuple[tuple[str, str], ...] = (("j p morgan", "jpmorgan"), ("jp morgan", "jpmorgan"),
                                                    ("bank of america", "bofa"), ("secuties", "securities"))
     # One value per subject, metric and period: a different later value revises the earlier one.

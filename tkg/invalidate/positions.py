@@ -131,53 +131,74 @@ def _last(calls, holds) -> int | None:
     return max((index for index, (_, _, here) in enumerate(calls) if holds(here)), default=None)
 
 
+def firm_clusters(rows: list[Listing]) -> dict[str, tuple[int, frozenset[str]]]:
+    """One person's firms: each listing's firm number and the key of the firm's first spelling.
+    Spellings chain ('SIG' ~ 'Susquehanna International Group' ~ 'Susquehanna Financial
+    Group'), visited in time order so the numbering is a function of the listings."""
+    clusters: list[list[frozenset[str]]] = []
+    found = {}
+    for row in sorted(rows, key=lambda r: (r.at, r.event_id)):
+        words = row.firm_words()
+        number = next((n for n, members in enumerate(clusters) if any(same_firm(words, m) for m in members)), None)
+        if number is None:
+            clusters.append([words])
+            number = len(clusters) - 1
+        elif words not in clusters[number]:
+            clusters[number].append(words)
+        found[row.event_id] = (number, clusters[number][0])
+    return found
+
+
 def _firms_and_titles(listings: list[Listing], rules, propose) -> None:
-    """A position ends at the first call after its last listing that shows the person elsewhere
-    (another firm) or at the firm under other titles only. Measured from the last listing, so a
-    position listed again later is never ended in between: a list that once spells a title
-    differently, or a call a person is listed at for another firm, does not cut a tenure."""
+    """A job at a firm ends at the first later call that lists the person at another firm only;
+    a title ends at the first call after its last listing that lists the person at the firm
+    under other titles only. The title is measured from its last listing because lists spell
+    titles inconsistently ('President, CEO' between two 'President, CEO & Director'): a title
+    listed again later was never given up."""
     by_person: dict[str, list[Listing]] = defaultdict(list)
     for row in listings:
         by_person[row.person_id].append(row)
     for rows in by_person.values():
         calls = _calls(rows)
+        index_of = {(at, call): index for index, (at, call, _) in enumerate(calls)}
+        firms = firm_clusters(rows)
         for row in rows:
-            firm, title = row.firm_words(), title_key(row.title)
-            at_firm = lambda here: [r for r in here if same_firm(r.firm_words(), firm)]  # noqa: E731
-            last_firm = _last(calls, lambda here: bool(at_firm(here)))
-            # still held: the same office entity, or its words all within the titles listed at the
-            # firm ('Corporate Vice President, IR' is two offices, 'Corporate VP of IR' one)
-            words = set(title.split())
+            firm, words = firms[row.event_id][0], set(title_key(row.title).split())
+
+            def at_firm(here: list[Listing]) -> list[Listing]:
+                return [r for r in here if firms[r.event_id][0] == firm]
 
             def holds(here: list[Listing]) -> bool:
+                # the same office entity, or its words all within the titles listed at the firm
+                # ('Corporate Vice President, IR' is two offices, 'Corporate VP of IR' one)
                 listed = at_firm(here)
                 return any(r.office_id == row.office_id for r in listed) or (
                     bool(listed) and words <= {word for r in listed for word in title_key(r.title).split()})
-            last_title = _last(calls, holds)
-            for index in range(last_title + 1, len(calls)):
-                later_at, _, later = calls[index]
-                if later_at <= row.at:
-                    continue
-                here = at_firm(later)
-                if not here and index > last_firm:
-                    if rules.one_firm_at_a_time:
+
+            if rules.one_firm_at_a_time:
+                for later_at, _, later in calls[index_of[(row.at, row.call)] + 1:]:
+                    if later_at > row.at and not at_firm(later):
                         shown = later[0]
                         where = shown.firm if not shown.corporate else shown.company
                         propose(row, PositionEnd(later_at, shown.event_id, STATEMENT,
                                                  f"{row.person} listed at {where} from {call_label(shown)}: "
                                                  "a person works at one firm at a time", shown.known_at))
-                    break
-                if here and rules.titles_replace_titles:
-                    titles = ", ".join(sorted({r.title for r in here}))
-                    propose(row, PositionEnd(later_at, here[0].event_id, STATEMENT,
-                                             f"{row.person} listed as {titles} from {call_label(here[0])}: "
-                                             f"the later title replaces {row.title}", here[0].known_at))
-                    break
+                        break
+            if rules.titles_replace_titles:
+                for later_at, _, later in calls[_last(calls, holds) + 1:]:
+                    here = at_firm(later)
+                    if later_at > row.at and here:
+                        titles = ", ".join(sorted({r.title for r in here}))
+                        propose(row, PositionEnd(later_at, here[0].event_id, STATEMENT,
+                                                 f"{row.person} listed as {titles} from {call_label(here[0])}: "
+                                                 f"the later title replaces {row.title}", here[0].known_at))
+                        break
 
 
 def _single_holders(listings: list[Listing], rules, propose) -> None:
-    """A single-holder office ends at the first call after its holder's last listing in it that
-    lists someone else in it (or, for `absence_ends` offices, does not list the holder at all)."""
+    """A single-holder office ends at the first later call that lists someone else in it and not
+    its holder; for `absence_ends` offices, also at the first call after the holder's last
+    listing in it that does not list them at all."""
     by_company: dict[str, list[Listing]] = defaultdict(list)
     for row in listings:
         if row.corporate:
@@ -194,14 +215,19 @@ def _single_holders(listings: list[Listing], rules, propose) -> None:
                     offices[found].append(row)
             holders.append(offices)
         listed = [{row.person_id for row in here} for _, _, here in calls]
+
+        def last_listed(row: Listing, office: tuple[str, str]) -> int:
+            # absence is an ending only once the holder is never listed in the office again
+            return max(i for i, found in enumerate(holders) if any(r.person_id == row.person_id for r in found.get(office, ())))
         for index, offices in enumerate(holders):
             for office, held in offices.items():
                 for row in held:
-                    last = max(i for i, found in enumerate(holders) if any(r.person_id == row.person_id for r in found.get(office, ())))
-                    for later in range(last + 1, len(calls)):
-                        if calls[later][0] <= row.at:
-                            continue
+                    # the run of calls listing them in the office ends at the first that lists
+                    # someone else in it: a later return is a new tenure
+                    for later in range(index + 1, len(calls)):
                         others = holders[later].get(office, [])
+                        if calls[later][0] <= row.at or any(other.person_id == row.person_id for other in others):
+                            continue
                         if others:
                             successor = others[0]
                             where = f"{office[0]} ({office[1]})" if office[1] else office[0]
@@ -210,7 +236,8 @@ def _single_holders(listings: list[Listing], rules, propose) -> None:
                                                      f"{call_label(successor)}: the {where} is held by one person at "
                                                      f"a time ({reasons[office[0]]})", successor.known_at))
                             break
-                        if office[0] in absent_offices and row.person_id not in listed[later]:
+                        if (office[0] in absent_offices and row.person_id not in listed[later]
+                                and later > last_listed(row, office)):
                             first = calls[later][2][0]
                             propose(row, PositionEnd(first.at, None, ABSENCE,
                                                      f"absent from the participants from {call_label(first)} on",
@@ -270,21 +297,20 @@ def listings_from_rows(rows: list[dict], chunk_texts: dict[str, str]) -> tuple[l
 
 def listing_table(listings: list[Listing]):
     """The listings as rows of tables.POSITION_LISTINGS, each firm keyed once per person: the
-    key of the first listed spelling the same firm ('Sanford C. Bernstein' then 'Bernstein')."""
+    key of the first listed spelling of the same firm (`firm_clusters`)."""
     from tkg.core import tables
 
-    rows, keys = [], {}
-    for listing in sorted(listings, key=lambda r: (r.person_id, r.at, r.event_id)):
-        words = listing.firm_words()
-        known = keys.setdefault(listing.person_id, [])
-        key = next((first for first in known if same_firm(first, words)), None)
-        if key is None:
-            known.append(words)
-            key = words
+    by_person: dict[str, list[Listing]] = defaultdict(list)
+    for listing in listings:
+        by_person[listing.person_id].append(listing)
+    firms = {event_id: found for rows in by_person.values() for event_id, found in firm_clusters(rows).items()}
+    rows = []
+    for listing in listings:
+        key = firms[listing.event_id][1]
         office = office_class(listing.title) if listing.corporate else None
         rows.append({"event_id": listing.event_id, "company": listing.company, "call_at": listing.at,
                      "person_id": listing.person_id, "person": listing.person, "title": listing.title,
-                     "firm": listing.firm, "firm_key": " ".join(sorted(key)), "corporate": listing.corporate,
+                     "firm": listing.firm, "firm_key": " ".join(sorted(word for word in key if not word.startswith("^"))), "corporate": listing.corporate,
                      "single_holder_office": (f"{office[0]}: {office[1]}" if office[1] else office[0]) if office else None})
     rows.sort(key=lambda r: r["event_id"])
     return tables.to_table(rows, tables.POSITION_LISTINGS)

@@ -58,7 +58,7 @@ from tkg.store.warehouse import apply_model, model
 # Bump when the phases change how they split, rank, select or pair.
 INVALIDATION_VERSION = "sharded-invalidation-2"
 # Bump when the rules of tkg.invalidate.positions change.
-POSITIONS_VERSION = "positions-5"
+POSITIONS_VERSION = "positions-8"
 
 
 def shard_sql(key_sql: str, shards: int) -> str:
