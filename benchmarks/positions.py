@@ -1,5 +1,7 @@
 """Issue 26's measures on a built home: valid investor-relations holders per company and
-people valid at two or more firms, on given dates; spoken-form aliases.
+people valid at two or more firms, on given dates; spoken-form aliases; and the share of the
+name forms in the operator's lines that link to a participant, with a sample of 30 to check
+by hand.
 
     PYTHONPATH=. python benchmarks/positions.py /tmp/h26/tkg.duckdb [2018-06-01 2020-06-01]
 """
@@ -61,6 +63,34 @@ def main(path: str, days: list[str]) -> None:
         "SELECT coalesce(end_evidence, 'none'), count(*) FROM officer_tenures GROUP BY ALL").fetchall())
         if "end_evidence" in [c[0] for c in connection.execute("DESCRIBE officer_tenures").fetchall()] else {})
     print(f"officer_tenures endings by evidence: {dict(counts)}")
+    operator_sample(connection)
+
+
+def operator_sample(connection, size: int = 30, seed: int = 26) -> None:
+    """Every name form in the operator's lines, linked as tkg.resolve.spoken links it against
+    the call's participants list; the share linked and a seeded sample to check by hand."""
+    import random
+
+    from tkg.ingest.parsing import parse_participant_sections
+    from tkg.resolve.spoken import link, spoken_forms
+
+    calls: dict[str, list[tuple]] = defaultdict(list)
+    for row in connection.execute("SELECT transcript_id, kind, speaker, text FROM chunks ORDER BY transcript_id, chunk_index").fetchall():
+        calls[row[0]].append(row[1:])
+    forms = []
+    for transcript_id, chunks in calls.items():
+        listed = [p.name for kind, _, text in chunks if kind == "participants" for p in parse_participant_sections(text)]
+        speakers = [speaker for _, speaker, _ in chunks]
+        for position, (_, speaker, text) in enumerate(chunks):
+            if speaker != "Operator":
+                continue
+            following = next((s for s in speakers[position + 1:] if s and s != speaker), None)
+            for form in spoken_forms(text, speaker, following):
+                forms.append((transcript_id, form.spoken, following, link(form, listed)))
+    linked = sum(found is not None for *_, found in forms)
+    print(f"operator name forms: {len(forms)}, linked to a participant: {linked} ({linked / max(len(forms), 1):.1%})")
+    for transcript_id, spoken, following, found in random.Random(seed).sample(forms, min(size, len(forms))):
+        print(f"  {transcript_id} | {spoken} -> {found[0] if found else None} ({found[1] if found else '-'}) | next speaker: {following}")
 
 
 if __name__ == "__main__":
