@@ -199,8 +199,8 @@ STAGES: tuple[Stage, ...] = (
         inputs=("judged_pairs", "figures", "temporal_events", "chunks", "triplets", "canonical_entities"), kind="global",
         tables=(Table("invalidation_judgments", tables.INVALIDATION_JUDGMENTS),
                 Table("figure_invalidations", tables.FIGURE_INVALIDATIONS),
-                Table("event_invalidations", tables.EVENT_INVALIDATIONS),
-                Table("position_listings", tables.POSITION_LISTINGS))),
+                Table("position_listings", tables.POSITION_LISTINGS),
+                Table("event_invalidations", tables.EVENT_INVALIDATIONS))),
     Stage(
         "fact_relevance", "retention",
         "A relevance score per fact: recency (halving every half_life_days from its last statement) x trust in its "

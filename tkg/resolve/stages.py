@@ -72,7 +72,7 @@ def spoken_mentions(job: StageJob) -> StageResult:
         people.setdefault(transcript_id, {}).setdefault(participant, canonical_id)
         company_people.setdefault(company, {}).setdefault(participant, canonical_id)
     records, counts = [], Counter()
-    reader = connection.execute("SELECT * FROM call_chunks ORDER BY transcript_id, chunk_index").to_arrow_reader()
+    reader = connection.sql("SELECT * FROM call_chunks ORDER BY transcript_id, chunk_index").to_arrow_reader()
     call: list[dict] = []
 
     def flush() -> None:
