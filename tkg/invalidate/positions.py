@@ -5,12 +5,14 @@ title. Read in time order, those lists end positions that no single statement re
 
 - **one firm at a time**: a person listed at another firm ends every position at the earlier
   firm, at the call that first shows the new one ('Amit Daryanani, RBC' -> 'Amit Daryanani,
-  Evercore ISI');
+  Evercore ISI'); a firm's spellings are one firm (`firm_clusters`);
 - **a later title replaces the earlier one** at the same firm: a person listed at the firm
-  without an office they held ends that office ('Senior Analyst' -> 'MD');
+  without a title they held, and never listed with it again, ends that title ('Senior Analyst'
+  -> 'MD'). Lists spell titles inconsistently, so a title left out once is not given up;
 - **single-holder offices** (the policy's `single_holder_offices`: investor-relations head,
   president, COO, CTO, each named segment head): a different person listed in the office at
-  a later call of the company ends the earlier holder, unless both are listed at once;
+  a later call of the company ends the earlier holder, unless both are listed at once; a
+  holder listed in it again later starts a new tenure;
 - **absence**, only for the offices the policy says are on every call (`absence_ends`): a
   holder never listed again ends at the first call without them. That ending is inferred, not
   stated, and is labelled 'absence' with the reason 'absent from the participants from <call>
