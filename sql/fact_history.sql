@@ -1,4 +1,4 @@
--- description: One row per fact and continuous period of validity: restatements of the same subject, predicate, object and value merged. When it began, when it was last restated, how often, and when and by which statement it was retired (NULL while it holds).
+-- description: One row per fact and continuous period of validity: restatements of the same subject, predicate, object and value merged. When it began, when it was last restated, how often, and when and by which statement it was retired (NULL while it holds); end_evidence 'statement' or 'absence' (inferred from the participants lists, retired_by NULL, end_reason in words).
 -- depends_on: facts
 CREATE OR REPLACE VIEW fact_history AS
 WITH keyed AS (
@@ -24,14 +24,18 @@ WITH keyed AS (
            arg_min(event_id, began) AS first_event_id, arg_min(statement, began) AS first_statement,
            arg_max(event_id, began) AS last_event_id,
            CASE WHEN bool_and(invalid_at IS NOT NULL) THEN max(invalid_at) END AS ended_at,
-           CASE WHEN bool_and(invalid_at IS NOT NULL) THEN arg_max(invalidated_by, invalid_at) END AS retired_by,
+           -- the ending of the last event to end: by which statement, or inferred from absence
+           CASE WHEN bool_and(invalid_at IS NOT NULL)
+                THEN arg_max({'by': invalidated_by, 'evidence': end_evidence, 'reason': end_reason},
+                             invalid_at) END AS ending,
            list(event_id ORDER BY began, event_id) AS event_ids
     FROM periods
     GROUP BY fact_key, period
 )
 SELECT m.company, m.subject, m.subject_id, m.predicate, m.object, m.object_id, m.value,
        m.began_at, m.ended_at, m.last_restated_on, m.restatements, m.companies,
-       m.retired_by, e.statement AS retired_by_statement,
+       m.ending.by AS retired_by, e.statement AS retired_by_statement,
+       m.ending.evidence AS end_evidence, m.ending.reason AS end_reason,
        m.first_event_id, m.first_statement, m.last_event_id, m.event_ids, m.fact_key || '-' || m.period AS fact_id
 FROM merged AS m
-LEFT JOIN events AS e ON e.event_id = m.retired_by;
+LEFT JOIN events AS e ON e.event_id = m.ending.by;

@@ -3,7 +3,7 @@
 CREATE OR REPLACE TABLE facts AS
 SELECT e.company, tr.fiscal_quarter, tr.call_date, t.subject, t.subject_id, t.predicate, t.object, t.object_id, t.value,
        e.statement, e.statement_type, e.temporal_type, e.valid_at, e.invalid_at, e.created_at, e.expired_at,
-       e.invalidated_by, e.asserted_invalid_at, e.chunk_id, e.event_id, t.triplet_id, e.transcript_id, r.relevance
+       e.invalidated_by, e.end_evidence, e.end_reason, e.asserted_invalid_at, e.chunk_id, e.event_id, t.triplet_id, e.transcript_id, r.relevance
 FROM triplets AS t
 JOIN events AS e ON e.event_id = t.event_id
 JOIN transcripts AS tr ON tr.transcript_id = e.transcript_id

@@ -71,7 +71,9 @@ def test_partitioned_chain_and_lineage():
     assert parents("chunks") == {"transcripts"}
     assert parents("temporal_events") == {"transcripts", "statements"}
     assert parents("fact_blocks") == {"temporal_events", "triplets", "canonical_entities"}
-    assert parents("invalidated_events") == {"judged_pairs", "figures", "temporal_events"}
+    # the participants lists (chunks) with their canonical people and offices end positions (issue 26)
+    assert parents("invalidated_events") == {"judged_pairs", "figures", "temporal_events", "chunks", "triplets",
+                                             "canonical_entities"}
     assert parents("judged_pairs") == {"fact_blocks", "candidate_selection"}
     # dbt-style: a model depends on the models it selects from, and on the warehouse.
     assert parents("sql/facts") >= {"sql/events", "sql/triplets", "sql/transcripts", "warehouse"}

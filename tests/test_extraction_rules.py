@@ -255,7 +255,10 @@ def test_every_rule_of_the_policy_is_in_its_fingerprint():
 
     edited = {"statement_types": ("FACT", "OPINION"), "never": (), "groups": POLICY.groups[:-1], "min_cosine": 0.6,
               "top_k": 11, "offices": POLICY.offices | {"CRO"}, "single_valued": frozenset({Predicate.TARGETS}),
-              "guidance_key": POLICY.guidance_key[:-1], "figure_judge": "rules:figure-revisions-edited", "tolerance": 1e-6}
+              "guidance_key": POLICY.guidance_key[:-1], "figure_judge": "rules:figure-revisions-edited", "tolerance": 1e-6,
+              "single_holder_offices": POLICY.single_holder_offices[:-1], "absence_ends": (),
+              "one_firm_at_a_time": False, "titles_replace_titles": False,
+              "firm_generic_words": POLICY.firm_generic_words - {"capital"}, "firm_spellings": ()}
     assert set(edited) == {field.name for field in fields(POLICY)}, "a new policy field needs an edit here too"
     for name, value in edited.items():
         assert replace(POLICY, **{name: value}).fingerprint() != POLICY.fingerprint(), name

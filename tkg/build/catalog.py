@@ -33,11 +33,12 @@ from tkg.ingest import stages as ingest
 from tkg.ingest.stages import CHUNKS_VERSION, TRANSCRIPTS_VERSION
 from tkg.invalidate import stages as invalidate
 from tkg.invalidate.retention import RETENTION_VERSION, retention_settings
-from tkg.invalidate.stages import INVALIDATION_VERSION
+from tkg.invalidate.stages import INVALIDATION_VERSION, POSITIONS_VERSION
 from tkg.llm.prompts import TEMPLATES
 from tkg.providers import Fingerprints
 from tkg.resolve import stages as resolve
 from tkg.resolve.resolution import RESOLUTION_VERSION
+from tkg.resolve.stages import SPOKEN_VERSION
 from tkg.store.warehouse import RawTable, warehouse_code_version
 
 
@@ -145,6 +146,15 @@ STAGES: tuple[Stage, ...] = (
         outside_inputs=("registry",), kind="global",
         tables=(Table("entity_resolution", tables.ENTITY_RESOLUTION), Table("canonical_entities", tables.CANONICAL_ENTITIES))),
     Stage(
+        "spoken_mentions", "resolution",
+        "Names as they are spoken in the call: the operator's introductions, self-introductions and 'in for' "
+        "phrases, each linked to the participant it names (by speaker turn, else by the call's participants list "
+        "and the nickname and initial rules) and so to that person's canonical entity; entity_aliases shows the "
+        "new forms (source 'spoken').",
+        code_version=lambda f: SPOKEN_VERSION, compute=resolve.spoken_mentions,
+        inputs=("chunks", "statements", "triplets", "canonical_entities"), kind="global",
+        tables=(Table("spoken_mentions", tables.SPOKEN_MENTIONS),)),
+    Stage(
         "fact_blocks", "invalidation",
         "The facts invalidation compares (FACT, non-ATEMPORAL events with triplets, each with the key of the fact it "
         "states) and the blocks they fall in: facts sharing a canonical entity under a predicate group. Written split "
@@ -182,11 +192,14 @@ STAGES: tuple[Stage, ...] = (
         "The bi-temporal history: which DYNAMIC facts a later fact retired, when (invalid_at), when that became known "
         "(expired_at) and by which event (invalidated_by), and which guidance figures a later call revised. The "
         "earliest retirement over every shard wins, so the result depends on the set of events only, never on the "
-        "order partitions arrived in or on the number of shards. Every judgment and its reason is kept for audit.",
-        code_version=lambda f: f.judge, compute=invalidate.invalidated_events,
-        inputs=("judged_pairs", "figures", "temporal_events"), kind="global",
+        "order partitions arrived in or on the number of shards. Every judgment and its reason is kept for audit. "
+        "The participants lists end positions too (one firm at a time, a later title replaces the earlier one, "
+        "single-holder offices, and absence for the call's host, labelled end_evidence 'absence').",
+        code_version=lambda f: f"{f.judge}:{POSITIONS_VERSION}:{f.policy}", compute=invalidate.invalidated_events,
+        inputs=("judged_pairs", "figures", "temporal_events", "chunks", "triplets", "canonical_entities"), kind="global",
         tables=(Table("invalidation_judgments", tables.INVALIDATION_JUDGMENTS),
                 Table("figure_invalidations", tables.FIGURE_INVALIDATIONS),
+                Table("position_listings", tables.POSITION_LISTINGS),
                 Table("event_invalidations", tables.EVENT_INVALIDATIONS))),
     Stage(
         "fact_relevance", "retention",

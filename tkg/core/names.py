@@ -84,3 +84,35 @@ def company_for_name(name: str | None) -> Company | None:
     if not name:
         return None
     return _company_keys().get(organisation_key(name))
+
+
+# Words a firm's initials leave out: joiners, the research-division suffix and legal forms.
+_NOT_INITIALS = frozenset({"of", "and", "the", "research", "division", "llc", "llp", "lp", "inc", "ltd", "co", "plc", "ag",
+                           "sa", "corp", "incorporated", "corporation", "company", "limited", "lllp"})
+
+
+def firm_key(name: str | None) -> frozenset[str]:
+    """The words that name a firm, without legal suffixes and the words every bank's name has:
+    'RBC Capital Markets, LLC, Research Division' -> {'rbc'}, 'Sanford C. Bernstein & Co., LLC.'
+    -> {'sanford', 'c', 'bernstein'}. Two firms are one when one key holds the other (`same_firm`)."""
+    from tkg.core.policy import POLICY  # the policy reads nothing from here; imported late to keep names light
+
+    text = f" {fold(organisation_key(name or '') if name else '')} "
+    for spelling, canonical in POLICY.firm_spellings:
+        text = text.replace(f" {spelling} ", f" {canonical} ")
+    words = frozenset(word for word in text.split() if word not in POLICY.firm_generic_words)
+    # the initials of the full name, marked, so that 'SIG' is 'Susquehanna International Group'
+    initials = "".join(word[0] for word in fold(name or "").split() if word not in _NOT_INITIALS)
+    return words | {f"^{initials}"} if len(initials) >= 2 else words
+
+
+def same_firm(a: frozenset[str], b: frozenset[str]) -> bool:
+    """'Bernstein' and 'Sanford C. Bernstein': one key's words all in the other's; or one firm's
+    only word is the other's initials ('SIG')."""
+    words_a = {word for word in a if not word.startswith("^")}
+    words_b = {word for word in b if not word.startswith("^")}
+    if not words_a or not words_b:
+        return False
+    if words_a <= words_b or words_b <= words_a:
+        return True
+    return (len(words_a) == 1 and f"^{next(iter(words_a))}" in b) or (len(words_b) == 1 and f"^{next(iter(words_b))}" in a)

@@ -48,6 +48,40 @@ class InvalidationPolicy:
     # Offices held by one person at a time per organisation: a new holder ends the previous one.
     offices: frozenset[str] = frozenset({"CEO", "CFO", "COO", "CTO", "CAO", "President", "Chairman",
                                          "Chairman of the Management Board"})
+    # Offices a company gives one person at a time beyond `offices` (which the judge compares
+    # by office entity): (name, pattern on the title without the company, reason). A title
+    # matching a pattern is in that office (a named group `segment` makes one office per
+    # segment); a different person listed in it at a later call ends the earlier holder
+    # (tkg.invalidate.positions). The first matching entry wins.
+    single_holder_offices: tuple[tuple[str, str, str], ...] = (
+        ("investor relations head", r"\bIR\b|Investor Relations",
+         "the company's investor-relations head hosts the call; a new host listed in that office replaces the old one"),
+        ("president", r"^President$", "a company has one president; a division's president is a segment head"),
+        ("COO", r"^(?:COO|Chief Operating Officer)$", "one chief operating officer at a time"),
+        ("CTO", r"^(?:CTO|Chief Technology Officer)$", "one chief technology officer at a time"),
+        ("segment head", r"^(?:(?:S|E)?VP (?:&|and) )?(?:GM|General Manager|President|Head|Chief Executive|CEO) of (?P<segment>.+)$",
+         "each named group, business or division has one general manager or president at a time"),
+    )
+    # Offices whose holder is on every call by function: when the holder stops appearing in the
+    # participants for good, the office ends at the first call without them (an ending inferred
+    # from absence, labelled so, not stated).
+    absence_ends: tuple[tuple[str, str], ...] = (
+        ("investor relations head", "the investor-relations head opens every call; one who is never listed again "
+                                    "has left the office, though no statement says so"),
+    )
+    # A person works at one firm at a time, and a later title at the same firm replaces the
+    # earlier one (tkg.invalidate.positions): both read the participants lists.
+    one_firm_at_a_time: bool = True
+    titles_replace_titles: bool = True
+    # Words that do not tell one firm from another ('RBC Capital Markets, LLC, Research Division'
+    # is 'RBC'), and spellings of one firm's name (folded), for tkg.core.names.firm_key.
+    firm_generic_words: frozenset[str] = frozenset({
+        "capital", "markets", "securities", "research", "division", "equity", "equities", "bank", "investment",
+        "institutional", "companies", "company", "associates", "partners", "financial", "international", "intl",
+        "america", "usa", "global", "services", "corporate", "llc", "inc", "co", "the", "and", "of", "group", "plc",
+        "ltd", "limited", "incorporated", "corp", "corporation", "ag", "sa", "lp", "llp", "lllp", "chase", "arm", "technology"})
+    firm_spellings: tuple[tuple[str, str], ...] = (("j p morgan", "jpmorgan"), ("jp morgan", "jpmorgan"),
+                                                   ("bank of america", "bofa"), ("secuties", "securities"))
     # One value per subject, metric and period: a different later value revises the earlier one.
     single_valued: frozenset[Predicate] = frozenset({Predicate.TARGETS, Predicate.HAS_REVENUE})
     # Guidance holds one value per (company, metric, segment, fiscal period, unit) and is retired

@@ -87,8 +87,27 @@ ENTITY_RESOLUTION = pa.schema([
     ("entity_id", pa.string()), ("canonical_id", pa.string()), ("method", pa.string()), ("score", pa.float64()),
 ])
 
+# A participant named in the call as the operator or a speaker said it (tkg.resolve.spoken).
+SPOKEN_MENTIONS = pa.schema([
+    ("mention_id", pa.string()), ("transcript_id", pa.string()), ("company", pa.string()), ("chunk_id", pa.string()),
+    ("spoken", pa.string()), ("kind", pa.string()), ("participant", pa.string()), ("canonical_id", pa.string()),
+    ("method", pa.string()),
+])
+
 EVENT_INVALIDATIONS = pa.schema([
     ("event_id", pa.string()), ("invalid_at", TIMESTAMP), ("expired_at", TIMESTAMP), ("invalidated_by", pa.string()),
+    # 'statement' (a later statement or listing retired it) or 'absence' (inferred: the holder is
+    # no longer listed; invalidated_by is NULL), and the ending in words where a rule gives one.
+    ("end_evidence", pa.string()), ("end_reason", pa.string()),
+])
+
+# Each office of each person in each call's participants list (tkg.invalidate.positions): the
+# firm as listed and as one key per person ('bernstein' for 'Sanford C. Bernstein' and
+# 'Bernstein'), whether they are the company's own, and the single-holder office it falls in.
+POSITION_LISTINGS = pa.schema([
+    ("event_id", pa.string()), ("company", pa.string()), ("call_at", TIMESTAMP), ("person_id", pa.string()),
+    ("person", pa.string()), ("title", pa.string()), ("firm", pa.string()), ("firm_key", pa.string()),
+    ("corporate", pa.bool_()), ("single_holder_office", pa.string()),
 ])
 
 INVALIDATION_JUDGMENTS = pa.schema([

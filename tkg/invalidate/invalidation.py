@@ -34,6 +34,7 @@ from tkg.core.arrays import run_starts
 from tkg.core.paths import read_sql
 from tkg.invalidate.candidates import select_candidates
 from tkg.invalidate.judges import EventView, Judge, JudgeCase, TripletView
+from tkg.invalidate.positions import STATEMENT, PositionEnd
 from tkg.invalidate.revisions import revise_figures
 from tkg.store.warehouse import apply_model, model, register_raw
 
@@ -153,37 +154,50 @@ def _judge_slice(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, 
 
 
 def retirements(winners: pa.Table, retired_by_figures: dict[str, tuple[datetime, str]],
-                timing: dict[str, dict]) -> pa.Table:
+                timing: dict[str, dict], positions: dict[str, PositionEnd] | None = None) -> pa.Table:
     """Phase 4: each event's earliest retirement, by a judged contradiction (the `winners` of
-    every shard) or by the revision of every figure it states; `timing` holds each involved
-    event's invalid_at and created_at. A finished event's end only ever moves earlier."""
-    ends: dict[str, tuple[datetime, str]] = {}
+    every shard), by the revision of every figure it states, or by what the participants lists
+    show (`positions`, tkg.invalidate.positions); `timing` holds each involved event's
+    invalid_at and created_at. A finished event's end only ever moves earlier. On one day a
+    stated ending wins over one inferred from absence."""
+    ends: dict[str, tuple] = {}
+
+    def offer(event_id: str, invalid_at: datetime, invalidated_by: str | None, evidence: str, reason: str | None,
+              known_at: datetime | None) -> None:
+        key = (invalid_at, evidence != STATEMENT, invalidated_by or "")
+        if event_id not in ends or key < ends[event_id][0]:
+            ends[event_id] = (key, invalidated_by, evidence, reason, known_at)
+
     for row in winners.to_pylist():
-        retirement = (row["invalid_at"], row["invalidated_by"])
-        if row["event_id"] not in ends or retirement < ends[row["event_id"]]:
-            ends[row["event_id"]] = retirement
-    for event_id, retirement in retired_by_figures.items():
-        if event_id not in ends or retirement < ends[event_id]:
-            ends[event_id] = retirement
+        offer(row["event_id"], row["invalid_at"], row["invalidated_by"], STATEMENT, None, None)
+    for event_id, (invalid_at, invalidated_by) in retired_by_figures.items():
+        offer(event_id, invalid_at, invalidated_by, STATEMENT, None, None)
+    for event_id, end in (positions or {}).items():
+        offer(event_id, end.invalid_at, end.invalidated_by, end.evidence, end.reason, end.known_at)
     invalidations = []
-    for event_id, (invalid_at, invalidated_by) in sorted(ends.items()):
-        primary, secondary = timing[event_id], timing[invalidated_by]
+    for event_id, ((invalid_at, _, _), invalidated_by, evidence, reason, known_at) in sorted(ends.items()):
+        primary = timing[event_id]
         if primary["invalid_at"] is not None and invalid_at >= primary["invalid_at"]:
             continue
+        shown_at = timing[invalidated_by]["created_at"] if invalidated_by is not None else known_at
         invalidations.append({
             "event_id": event_id, "invalid_at": invalid_at,
-            # Transaction time: the record is retired when the retiring statement was published.
-            "expired_at": max(primary["created_at"], secondary["created_at"]),
-            "invalidated_by": invalidated_by,
+            # Transaction time: the record is retired when the retiring statement was published
+            # (for an ending inferred from absence, the first call without the holder).
+            "expired_at": max(primary["created_at"], shown_at),
+            "invalidated_by": invalidated_by, "end_evidence": evidence, "end_reason": reason,
         })
     return tables.to_table(invalidations, tables.EVENT_INVALIDATIONS)
 
 
-def involved_events(winners: pa.Table, retired_by_figures: dict[str, tuple[datetime, str]]) -> list[str]:
+def involved_events(winners: pa.Table, retired_by_figures: dict[str, tuple[datetime, str]],
+                    positions: dict[str, PositionEnd] | None = None) -> list[str]:
     """The events `retirements` needs the timing of."""
     found = set(winners.column("event_id").to_pylist()) | set(winners.column("invalidated_by").to_pylist())
     for event_id, (_, retirer) in retired_by_figures.items():
         found.update((event_id, retirer))
+    for event_id, end in (positions or {}).items():
+        found.update(item for item in (event_id, end.invalidated_by) if item is not None)
     return sorted(found)
 
 

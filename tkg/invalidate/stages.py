@@ -40,6 +40,16 @@ from tkg.invalidate.invalidation import (
     register_predicate_groups,
     retirements,
 )
+from tkg.invalidate.positions import (
+    ABSENCE,
+    LISTINGS_SQL,
+    Listing,
+    STATEMENT,
+    PositionEnd,
+    end_positions,
+    listing_table,
+    listings_from_rows,
+)
 from tkg.invalidate.retention import retention_settings, score_facts
 from tkg.invalidate.revisions import FigureRevisions, revise_figures
 from tkg.store.manifest import scan
@@ -47,6 +57,8 @@ from tkg.store.warehouse import apply_model, model
 
 # Bump when the phases change how they split, rank, select or pair.
 INVALIDATION_VERSION = "sharded-invalidation-2"
+# Bump when the rules of tkg.invalidate.positions change.
+POSITIONS_VERSION = "positions-8"
 
 
 def shard_sql(key_sql: str, shards: int) -> str:
@@ -207,13 +219,14 @@ def invalidated_events(job: StageJob) -> StageResult:
     winners = (store.relation(connection, shard_files["retirements"]).to_arrow_table().cast(tables.RETIREMENTS)
                if shard_files["retirements"] else tables.RETIREMENTS.empty_table())
     revisions = _revisions(job)
-    wanted = pa.table({"event_id": pa.array(involved_events(winners, revisions.retired_events), pa.string())})
+    positions, listings, position_counts = _positions(job)
+    wanted = pa.table({"event_id": pa.array(involved_events(winners, revisions.retired_events, positions), pa.string())})
     connection.register("wanted_events", wanted)
     events = store.partition_files("temporal_events")
     timing_rows = (scan(store, connection, events).select("event_id", "invalid_at", "created_at")
                    .join(connection.table("wanted_events"), "event_id").to_arrow_table().to_pylist() if events else [])
     timing = {row["event_id"]: row for row in timing_rows}
-    invalidations = retirements(winners, revisions.retired_events, timing)
+    invalidations = retirements(winners, revisions.retired_events, timing, positions)
     revision_judgments = tables.to_table(revisions.judgments, tables.INVALIDATION_JUDGMENTS)
     connection.register("revision_judgments", revision_judgments)
     judged = (store.relation(connection, shard_files["judgments"]) if shard_files["judgments"]
@@ -223,10 +236,33 @@ def invalidated_events(job: StageJob) -> StageResult:
     judgments = connection.sql(f"SELECT {columns} FROM shard_judgments UNION ALL SELECT {columns} FROM revision_judgments")
     counts = Counter({"retired_by_judge": winners.num_rows, "invalidated_events": invalidations.num_rows,
                          "revised_figures": revisions.figure_invalidations.num_rows,
-                         "events_retired_by_figures": len(revisions.retired_events)})
+                         "events_retired_by_figures": len(revisions.retired_events), **position_counts})
     return StageResult(invalidations, counts=counts, tables={
         "invalidation_judgments": judgments, "figure_invalidations": revisions.figure_invalidations,
-        "event_invalidations": invalidations})
+        "event_invalidations": invalidations, "position_listings": listing_table(listings)})
+
+
+def _positions(job: StageJob) -> tuple[dict[str, PositionEnd], list[Listing], dict[str, int]]:
+    """What the participants lists end (tkg.invalidate.positions): their HOLDS_ROLE events with
+    canonical people and offices, read once over every partition."""
+    store, connection = job.store, job.connection
+    chunk_files = store.partition_files("chunks")
+    if not chunk_files or not store.partition_files("temporal_events"):
+        return {}, [], {}
+    _raw_view(job, "triplets", tables.TRIPLETS, store.partition_files("triplets"))
+    _raw_view(job, "entity_resolution", tables.ENTITY_RESOLUTION, [store.global_path("canonical_entities", "entity_resolution")])
+    _raw_view(job, "canonical_entities", tables.CANONICAL_ENTITIES, [store.global_path("canonical_entities")])
+    apply_model(connection, model("triplets"), record=False)
+    _partition_view(job, "events", "temporal_events", tables.EVENTS)
+    scan(store, connection, chunk_files).filter("kind = 'participants'").select("chunk_id", "text").create_view(
+        "participant_chunks", replace=True)
+    rows = connection.sql(LISTINGS_SQL).to_arrow_table().to_pylist()
+    texts = dict(connection.execute("SELECT chunk_id, text FROM participant_chunks").fetchall())
+    listings, unmatched = listings_from_rows(rows, texts)
+    ends = end_positions(listings)
+    return ends, listings, {"position_listings": len(listings), "position_listings_unmatched": unmatched,
+                  "positions_ended": sum(end.evidence == STATEMENT for end in ends.values()),
+                  "positions_ended_by_absence": sum(end.evidence == ABSENCE for end in ends.values())}
 
 
 def _revisions(job: StageJob) -> FigureRevisions:

@@ -1,11 +1,17 @@
-"""The resolution stage: every entity mention of every partition mapped to a canonical entity."""
+"""The resolution stages: every entity mention of every partition mapped to a canonical entity,
+and the names spoken in the calls linked to the participants they name."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from tkg.core import tables
+from tkg.core.ids import short_hash
 from tkg.core.results import StageJob, StageResult
 from tkg.resolve.resolution import MentionSource, resolve_entities
+from tkg.resolve.spoken import call_mentions
 from tkg.store.manifest import scan
+from tkg.store.warehouse import apply_model, model
 
 
 def canonical_entities(job: StageJob) -> StageResult:
@@ -24,3 +30,72 @@ def canonical_entities(job: StageJob) -> StageResult:
     return StageResult(resolution.canonical_entities, counts=resolution.counts,
                        tables={"canonical_entities": resolution.canonical_entities,
                                "entity_resolution": resolution.mapping_relation()})
+
+
+# Bump when the phrases or linking rules of tkg.resolve.spoken change.
+SPOKEN_VERSION = "spoken-mentions-2"
+
+# Each call's participants with their canonical person: the subjects of the HOLDS_ROLE triplets
+# stated from the participants chunk.
+_LISTED_PEOPLE_SQL = """
+    SELECT DISTINCT s.transcript_id, c.company, t.subject_mention AS participant, t.subject_id AS canonical_id
+    FROM triplets AS t
+    JOIN statements AS s ON s.statement_id = t.event_id
+    JOIN call_chunks AS c ON c.chunk_id = s.chunk_id AND c.kind = 'participants'
+    WHERE t.predicate = 'HOLDS_ROLE' AND t.subject_id IS NOT NULL"""
+
+
+def spoken_mentions(job: StageJob) -> StageResult:
+    """Spoken name forms (tkg.resolve.spoken) of every call, linked to the canonical person of
+    the participant they name. Calls are read one at a time, in transcript order."""
+    store, connection = job.store, job.connection
+    chunk_files = store.partition_files("chunks")
+    if not chunk_files:
+        return StageResult(tables.SPOKEN_MENTIONS.empty_table())
+    connection.execute("CREATE SCHEMA IF NOT EXISTS raw")
+    for name, schema, files in (("triplets", tables.TRIPLETS, store.partition_files("triplets")),
+                                ("entity_resolution", tables.ENTITY_RESOLUTION,
+                                 [store.global_path("canonical_entities", "entity_resolution")]),
+                                ("canonical_entities", tables.CANONICAL_ENTITIES, [store.global_path("canonical_entities")])):
+        relation = scan(store, connection, files) if files else connection.from_arrow(schema.empty_table())
+        relation.create_view(f"_raw_{name}", replace=True)
+        connection.execute(f"CREATE OR REPLACE VIEW raw.{name} AS SELECT * FROM _raw_{name}")
+    apply_model(connection, model("triplets"), record=False)
+    statement_files = store.partition_files("statements")
+    (scan(store, connection, statement_files) if statement_files else connection.from_arrow(tables.STATEMENTS.empty_table())
+     ).select("statement_id", "chunk_id", "transcript_id").create_view("statements", replace=True)
+    scan(store, connection, chunk_files).select("chunk_id", "transcript_id", "company", "chunk_index", "kind", "speaker",
+                                                "text").create_view("call_chunks", replace=True)
+    people: dict[str, dict[str, str]] = {}
+    company_people: dict[str, dict[str, str]] = {}  # every call's participants, by company
+    for transcript_id, company, participant, canonical_id in connection.execute(_LISTED_PEOPLE_SQL + " ORDER BY ALL").fetchall():
+        people.setdefault(transcript_id, {}).setdefault(participant, canonical_id)
+        company_people.setdefault(company, {}).setdefault(participant, canonical_id)
+    records, counts = [], Counter()
+    reader = connection.sql("SELECT * FROM call_chunks ORDER BY transcript_id, chunk_index").to_arrow_reader()
+    call: list[dict] = []
+
+    def flush() -> None:
+        if not call:
+            return
+        transcript_id, company = call[0]["transcript_id"], call[0]["company"]
+        listed = people.get(transcript_id, {})
+        known = company_people.get(company, {})
+        rows, unlinked = call_mentions(call, sorted(listed), sorted(known))
+        counts["spoken_forms_unlinked"] += unlinked
+        for row in rows:
+            records.append({**row, "mention_id": short_hash(row["chunk_id"], row["spoken"], row["kind"]),
+                            "transcript_id": transcript_id, "company": company,
+                            "canonical_id": listed.get(row["participant"]) or known[row["participant"]]})
+        call.clear()
+
+    for batch in reader:
+        for chunk in batch.to_pylist():
+            if call and chunk["transcript_id"] != call[0]["transcript_id"]:
+                flush()
+            call.append(chunk)
+    flush()
+    records.sort(key=lambda r: r["mention_id"])
+    counts["spoken_mentions"] = len(records)
+    table = tables.to_table(records, tables.SPOKEN_MENTIONS)
+    return StageResult(table, counts=counts, tables={"spoken_mentions": table})

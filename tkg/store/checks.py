@@ -71,11 +71,14 @@ CHECKS = (
               ANTI JOIN raw.events e USING (event_id)
           """),
     Check("retirements_are_complete", "A retired fact has both expired_at and invalidated_by; a fact expired without a "
-          "retiring event is one whose own statement gave its end.",
+          "retiring event is one whose own statement gave its end, or one ended by absence (with its reason).",
           """
           SELECT event_id || ': invalidated_by without expired_at' FROM events WHERE invalidated_by IS NOT NULL AND expired_at IS NULL
           UNION ALL SELECT event_id || ': expired_at without invalidated_by or a stated end' FROM events
               WHERE expired_at IS NOT NULL AND invalidated_by IS NULL AND asserted_invalid_at IS NULL
+                AND NOT (end_evidence = 'absence' AND end_reason IS NOT NULL)
+          UNION ALL SELECT event_id || ': ended by absence without a reason or with a retiring event' FROM events
+              WHERE end_evidence = 'absence' AND (end_reason IS NULL OR invalidated_by IS NOT NULL)
           UNION ALL SELECT event_id || ': retired by ' || invalidated_by || ', which does not exist' FROM events
               WHERE invalidated_by IS NOT NULL AND invalidated_by NOT IN (SELECT event_id FROM raw.events)
           """),
