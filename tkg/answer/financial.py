@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 
 from tkg.answer.query import Fact, Figure, Graph, QueryError
+from tkg.answer.questions import ROLES, read_period
 from tkg.core.companies import Company
 from tkg.core.names import company_for_name, fold
 from tkg.extract.figures import segment_patterns
@@ -228,7 +229,6 @@ def answer_financial(graph: Graph, question: str) -> Financial | None:
     office at named companies; None when it does not (the general reader answers it)."""
     metric = metric_named(question)
     folded = f" {fold(question)} "
-    from tkg.answer.ask import ROLES  # the office words the general reader uses too
 
     roles = [role for role, spellings in ROLES.items() if any(f" {s} " in folded for s in (role, *spellings))]
     if metric is None and not roles:
@@ -277,7 +277,6 @@ def _offices(graph: Graph, question: str, company: Company, role: str) -> Financ
     title = {"ceo": "CEO", "cfo": "CFO", "coo": "COO", "cto": "CTO", "president": "President", "chairman": "Chairman"}.get(role, role)
     span = _SPAN.search(question)
     moment = as_of_date(question)
-    from tkg.answer.ask import read_period  # the general reader's day/month/year windows
 
     if span is not None:
         start, end = f"{span[1]}-01-01", f"{span[2]}-12-31"
