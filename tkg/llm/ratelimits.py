@@ -116,6 +116,12 @@ class AdaptiveLimiter:
             await self._condition.wait_for(lambda: self.in_flight < self.limit)
             self.in_flight += 1
 
+    async def give_back(self) -> None:
+        """Return a slot that was acquired but not used (no answer to learn from)."""
+        async with self._condition:
+            self.in_flight -= 1
+            self._condition.notify_all()
+
     async def release(self, rate_limited: bool = False) -> None:
         async with self._condition:
             self.in_flight -= 1
@@ -200,8 +206,11 @@ class RateLimitPacer:
         state = self._models.setdefault(model, _ModelState())
         if state.announces is not True:  # not known yet, or a server without budgets: the window
             await self.fallback.acquire()
-            async with self._condition:
-                return self._issue(state, model, input_tokens, output_tokens, paced=False)
+            if state.announces is not True:
+                async with self._condition:
+                    return self._issue(state, model, input_tokens, output_tokens, paced=False)
+            # The budgets became known while this request queued for the window: pace it instead.
+            await self.fallback.give_back()
         async with self._condition:
             while True:
                 now = time.monotonic()
@@ -222,11 +231,11 @@ class RateLimitPacer:
         wait = 0.0
         for kind, budget in state.budgets.items():
             budget.refill(now)
-            if kind == "requests":
-                wait = max(wait, budget.seconds_until(1))
-            else:  # a request bigger than the whole budget goes once the budget is full
-                reserve = state.reserve * budget.limit
-                wait = max(wait, budget.seconds_until(min(tokens + reserve, budget.limit)))
+            # The reserve covers what the copy cannot see: the time between taking a ticket and
+            # the provider's admission, and estimates that run short. A request bigger than the
+            # whole budget goes once the budget is full.
+            need = (1 if kind == "requests" else tokens) + state.reserve * budget.limit
+            wait = max(wait, budget.seconds_until(min(need, budget.limit)))
         return wait
 
     def _issue(self, state: _ModelState, model: str, input_tokens: int, output_tokens: int, paced: bool) -> Ticket:
