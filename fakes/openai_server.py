@@ -1417,7 +1417,6 @@ class OpenAICompatibleServer:
         now = int(time.time())
         with self._lock:
             outcome = self._batch_outcomes.popleft() if self._batch_outcomes else "completed"
-            settings = self._settings
         batch = {
             "id": _new_id("batch_"), "object": "batch", "endpoint": endpoint, "errors": None,
             "input_file_id": file_id, "completion_window": "24h", "status": "in_progress",
@@ -1432,8 +1431,7 @@ class OpenAICompatibleServer:
                 {"code": "invalid_request", "message": problem, "param": None, "line": None} for problem in problems[:20]]})
             outcome = "failed"
         with self._lock:
-            self._batches[batch["id"]] = {"object": batch, "lines": lines, "outcome": outcome,
-                                          "due": time.monotonic() + settings.batch_completion_s}
+            self._batches[batch["id"]] = {"object": batch, "lines": lines, "outcome": outcome, "created": time.monotonic()}
             self._stats.batches_created += 1
         return JSONResponse(batch)
 
@@ -1443,7 +1441,14 @@ class OpenAICompatibleServer:
             entry = self._batches.get(batch_id)
         if entry is None:
             return _error(404, f"No batch found with id '{batch_id}'.", "invalid_request_error")
-        if entry["object"]["status"] == "in_progress" and time.monotonic() >= entry["due"]:
+        # Due by the completion time configured now, so a test can make pending batches finish.
+        with self._lock:  # one poller finishes it; the others see it finalizing meanwhile
+            due = (entry["object"]["status"] == "in_progress"
+                   and time.monotonic() >= entry["created"] + self._settings.batch_completion_s)
+            if due:
+                entry["object"]["status"] = "finalizing"
+                entry["object"]["finalizing_at"] = int(time.time())
+        if due:
             await self._finish_batch(entry)
         return JSONResponse(entry["object"])
 
