@@ -1296,7 +1296,7 @@ class OpenAICompatibleServer:
 
     async def _post_reset(self, request: Request) -> Response:
         """``POST /_reset``: zero the counters; ``{"prompt_cache": true}`` also forgets cached prefixes,
-        ``{"faults": true}`` drops scripted faults. Answers the counters as they were before."""
+        ``{"faults": true}`` drops scripted faults, ``{"rate_limits": true}`` refills every budget. Answers the counters as they were before."""
         options = await self._json_object(request)
         if options is None:
             return _error(400, "POST /_reset takes a JSON object (or no body).", "invalid_request_error")
@@ -1306,6 +1306,9 @@ class OpenAICompatibleServer:
             self.clear_prompt_cache()
         if options.get("faults"):
             self.clear_faults()
+        if options.get("rate_limits"):  # every per-minute budget full again, as after a quiet minute
+            with self._lock:
+                self._budget_state.clear()
         return JSONResponse(before)
 
     async def _post_configure(self, request: Request) -> Response:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
@@ -178,6 +177,8 @@ def test_sample_build_in_batch_mode_gives_the_synchronous_graph(server, tmp_path
                 "SELECT sum(estimated_cost_usd), sum(((input_tokens - cached_input_tokens) * ? + cached_input_tokens * ? "
                 "+ output_tokens * ?) / 1e6) FROM llm_calls WHERE stage <> 'embeddings'", list(LIST_PRICE)).fetchone()
     assert graphs["batch"] == graphs["sync"] and len(graphs["sync"]) > 10
-    assert costs["sync"][0] == pytest.approx(costs["sync"][1], rel=1e-6)
-    assert costs["batch"][0] == pytest.approx(costs["batch"][1] / 2, rel=1e-6)
+    # estimated_cost_usd is rounded to 6 decimals per row
+    assert costs["sync"][0] == pytest.approx(costs["sync"][1], abs=1e-4)
+    assert costs["batch"][0] == pytest.approx(costs["batch"][1] / 2, abs=1e-4)
+    assert costs["batch"][0] < 0.55 * costs["sync"][0]
     assert server.stats().batches_created > 0

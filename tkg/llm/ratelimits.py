@@ -286,8 +286,11 @@ class RateLimitPacer:
 
     @staticmethod
     def _rebase(state: _ModelState, ticket: Ticket, announced: dict[str, Announced], now: float) -> None:
-        """Budgets = what the provider said at `ticket`'s admission, refilled since, minus what
-        was charged after it: requests sent later, and output generated since."""
+        """Budgets = what the provider said at `ticket`'s admission, minus what may have been
+        charged after it: requests sent later, and output generated since. The admission
+        happened somewhere between sending and now; taking it as now (no refill credited) is
+        the safe side: a busy client's requests can reach the provider well after they were
+        issued, and crediting that refill is what makes them collide."""
         state.freshest = ticket.sequence
         later_requests, later_tokens = 0, 0.0
         for other in state.tickets.values():
@@ -297,8 +300,7 @@ class RateLimitPacer:
             elif other.done_at is None or other.done_at > ticket.sent_at or other is ticket:
                 later_tokens += other.output_tokens  # output is charged when it is known
         for kind, value in announced.items():
-            level = value.remaining + (now - ticket.sent_at) * value.limit / 60.0
-            level -= later_requests if kind == "requests" else later_tokens
+            level = value.remaining - (later_requests if kind == "requests" else later_tokens)
             state.budgets[kind] = _Budget(value.limit, min(float(value.limit), level), now)
 
     @staticmethod
