@@ -281,6 +281,15 @@ class RateLimitPacer:
                 pause = retry_after_s(headers)
                 if pause is not None:
                     state.blocked_until = max(state.blocked_until, now + pause)
+                    # A remaining of 0 hides how far below zero the budget is (output charged after
+                    # admission). The wait the provider asks for says it: after `pause` the budget
+                    # holds exactly this request, so now it holds that much less.
+                    for kind, value in announced.items():
+                        cost = 1 if kind == "requests" else ticket.input_tokens
+                        budget = state.budgets.get(kind)
+                        if budget is not None and value.remaining < cost:
+                            budget.level = min(budget.level, cost - pause * budget.limit / 60.0)
+                            budget.at = now
             self._forget(state)
             self._condition.notify_all()
 
