@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _KINDS = ("requests", "tokens")
+REORDER_WINDOW_S = 1.0
 
 
 def estimate_tokens(*texts: str) -> int:
@@ -308,6 +309,11 @@ class RateLimitPacer:
                 later_tokens += other.input_tokens + other.output_tokens
             elif other.done_at is None or other.done_at > ticket.sent_at or other is ticket:
                 later_tokens += other.output_tokens  # output is charged when it is known
+                if other is not ticket and other.sent_at > ticket.sent_at - REORDER_WINDOW_S:
+                    # Sent just before, it may have reached the provider just after (many
+                    # connections, a busy loop): count it as not in the announced figure.
+                    later_requests += 1
+                    later_tokens += other.input_tokens
         for kind, value in announced.items():
             level = value.remaining - (later_requests if kind == "requests" else later_tokens)
             state.budgets[kind] = _Budget(value.limit, min(float(value.limit), level), now)
