@@ -42,7 +42,7 @@ from tenacity import (
 from tkg.core.results import StageStats
 from tkg.llm.prompts import RenderedPrompt
 from tkg.llm.settings import LLMSettings
-from tkg.llm.ratelimits import AdaptiveLimiter, RateLimitPacer, estimate_tokens, retry_after_s
+from tkg.llm.ratelimits import AdaptiveLimiter, RateLimitPacer, estimate_tokens, retry_after_s, stamp_sent_request
 from tkg.llm.wire import InvalidOutput
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,10 @@ class LLMClient:
 
     def _ensure(self) -> tuple[openai.AsyncOpenAI, RateLimitPacer]:
         if self._client is None:
+            # The request hook stamps when each request really goes out, for the pacer's accounts.
+            http_client = openai.DefaultAsyncHttpxClient(event_hooks={"request": [stamp_sent_request]})
             self._client = openai.AsyncOpenAI(api_key=self._api_key, base_url=self.settings.base_url,
-                                              timeout=self.settings.timeout_s, max_retries=0)
+                                              timeout=self.settings.timeout_s, max_retries=0, http_client=http_client)
             self._pacer = RateLimitPacer(self.settings.max_in_flight, self.settings.paced_max_in_flight)
         return self._client, self._pacer
 

@@ -23,6 +23,7 @@ the `AdaptiveLimiter` window, which shrinks on a 429 and grows back.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import re
@@ -35,7 +36,11 @@ log = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _KINDS = ("requests", "tokens")
-REORDER_WINDOW_S = 1.0
+# Requests written to the wire this close together may reach the provider in either order.
+REORDER_WINDOW_S = 0.05
+# The ticket of the request the current task is sending: the HTTP client's request hook stamps
+# the moment its bytes go out, which can be long after the ticket was issued on a busy loop.
+CURRENT_TICKET: contextvars.ContextVar["Ticket | None"] = contextvars.ContextVar("tkg_rate_limit_ticket", default=None)
 
 
 def estimate_tokens(*texts: str) -> int:
@@ -146,11 +151,22 @@ class Ticket:
 
     model: str
     sequence: int
-    sent_at: float
+    issued_at: float
     input_tokens: int
     output_tokens: int  # expected until the answer says; then the actual count
     paced: bool  # False: it went through the fallback window
+    sent_at: float | None = None  # when the request went out (the HTTP hook); None: not yet
     done_at: float | None = None
+
+    def went_out(self) -> float:
+        return self.sent_at if self.sent_at is not None else self.issued_at
+
+
+async def stamp_sent_request(request: object) -> None:
+    """httpx request hook: the current ticket's request is going out now."""
+    ticket = CURRENT_TICKET.get()
+    if ticket is not None:
+        ticket.sent_at = time.monotonic()
 
 
 @dataclass
@@ -243,6 +259,7 @@ class RateLimitPacer:
         self._sequence += 1
         self.in_flight += 1
         ticket = Ticket(model, self._sequence, time.monotonic(), input_tokens, output_tokens, paced)
+        CURRENT_TICKET.set(ticket)  # in the acquiring task's context: its HTTP hook stamps it
         state.tickets[ticket.sequence] = ticket
         return ticket
 
@@ -258,6 +275,8 @@ class RateLimitPacer:
             state = self._models[ticket.model]
             now = time.monotonic()
             ticket.done_at = now
+            if ticket.sent_at is None:  # never reached the wire (or no hook): dated by its issue
+                ticket.sent_at = ticket.issued_at
             if output_tokens is not None:
                 ticket.output_tokens = output_tokens
             elif rate_limited or not answered:
@@ -302,18 +321,17 @@ class RateLimitPacer:
         the safe side: a busy client's requests can reach the provider well after they were
         issued, and crediting that refill is what makes them collide."""
         state.freshest = ticket.sequence
+        base = ticket.went_out()
         later_requests, later_tokens = 0, 0.0
         for other in state.tickets.values():
-            if other.sequence > ticket.sequence:
+            if other is ticket:
+                later_tokens += other.output_tokens  # its output is charged after its admission
+            elif other.sent_at is None or other.sent_at > base - REORDER_WINDOW_S:
+                # Went out after it (or not yet): not in the announced figure.
                 later_requests += 1
                 later_tokens += other.input_tokens + other.output_tokens
-            elif other.done_at is None or other.done_at > ticket.sent_at or other is ticket:
+            elif other.done_at is None or other.done_at > base:
                 later_tokens += other.output_tokens  # output is charged when it is known
-                if other is not ticket and other.sent_at > ticket.sent_at - REORDER_WINDOW_S:
-                    # Sent just before, it may have reached the provider just after (many
-                    # connections, a busy loop): count it as not in the announced figure.
-                    later_requests += 1
-                    later_tokens += other.input_tokens
         for kind, value in announced.items():
             level = value.remaining - (later_requests if kind == "requests" else later_tokens)
             state.budgets[kind] = _Budget(value.limit, min(float(value.limit), level), now)
@@ -326,7 +344,8 @@ class RateLimitPacer:
             horizon = time.monotonic() - 120.0
             stale = [s for s, t in state.tickets.items() if t.done_at is not None and t.done_at < horizon]
         else:
-            stale = [s for s, t in state.tickets.items() if s < state.freshest and t.done_at is not None
-                     and t.done_at < freshest.sent_at]
+            base = freshest.went_out()
+            stale = [s for s, t in state.tickets.items() if s != state.freshest and t.done_at is not None
+                     and t.done_at < base and t.sent_at is not None and t.sent_at < base - REORDER_WINDOW_S]
         for sequence in stale:
             del state.tickets[sequence]
