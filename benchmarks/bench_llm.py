@@ -597,7 +597,8 @@ class Bench:
             began = self.elapsed_min()
             default_cache = self.work / f"cache-default-r{repeat}.sqlite"
             self.run_tkg("tkg_default_batch", None, default_cache, repeat)
-            self.run_baseline("baseline", repeat)
+            if args.baseline:
+                self.run_baseline("baseline", repeat)
             if args.over_limit:
                 self.run_tkg("tkg_over_limit", None, self.work / f"cache-over-r{repeat}.sqlite", repeat,
                              max_in_flight=args.over_limit)
@@ -915,6 +916,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft", type=float, default=0.93, help="realistic: seconds to the first token")
     parser.add_argument("--tokens-per-s", type=float, default=77.2, help="realistic: output tokens per second")
     parser.add_argument("--no-batch-1", dest="batch_1", action="store_false", help="skip the batch-size-1 runs")
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false",
+                        help="tkg's runs only (e.g. to re-measure tkg after a change; no side-by-side ratios)")
     parser.add_argument("--p-429", type=float, default=0.2)
     parser.add_argument("--p-500", type=float, default=0.05)
     parser.add_argument("--fault-seed", type=int, default=1)
