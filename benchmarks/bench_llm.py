@@ -86,13 +86,20 @@ log = logging.getLogger("bench_llm")
 class Provider:
     """The local OpenAI-compatible server in its own process, controlled over HTTP."""
 
-    def __init__(self, latency_s: float, max_in_flight: int, retry_after_s: float, url: str | None = None) -> None:
+    def __init__(self, latency_s: float, max_in_flight: int, retry_after_s: float, url: str | None = None,
+                 realistic: dict | None = None) -> None:
+        """`realistic`: the realistic provider's settings (mode, ttft_s, output_tokens_per_s, rpm,
+        tpm); None: the slots model (fixed latency, `max_in_flight` slots)."""
         self.latency_s, self.max_in_flight, self.retry_after_s = latency_s, max_in_flight, retry_after_s
+        self.realistic = realistic
         self.process: subprocess.Popen | None = None
         if url is None:
             command = [sys.executable, "-m", "fakes.openai_server", "--port", "0", "--latency", str(latency_s),
                        "--max-in-flight", str(max_in_flight), "--retry-after", str(retry_after_s),
                        "--responder", "fakes.responders:PipelineResponder", "--log-level", "warning"]
+            if realistic:
+                command += ["--mode", "realistic", "--rpm", str(realistic["rpm"]), "--tpm", str(realistic["tpm"]),
+                            "--ttft", str(realistic["ttft_s"]), "--tokens-per-s", str(realistic["output_tokens_per_s"])]
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             lines: queue.Queue = queue.Queue()
             threading.Thread(target=lambda: [lines.put(line) for line in self.process.stdout], daemon=True).start()
@@ -105,7 +112,8 @@ class Provider:
         self.url = url
         self.base_url = url + "/v1"
         self.http = httpx.Client(base_url=url, timeout=30)
-        self.configure(latency_s=latency_s, max_in_flight=max_in_flight, retry_after_s=retry_after_s, p_429=0.0, p_500=0.0)
+        self.configure(latency_s=latency_s, max_in_flight=None if realistic else max_in_flight, retry_after_s=retry_after_s,
+                       p_429=0.0, p_500=0.0, **(realistic or {}))
 
     def configure(self, **settings) -> dict:
         response = self.http.post("/_configure", json=settings)
@@ -113,7 +121,7 @@ class Provider:
         return response.json()
 
     def reset(self) -> None:
-        self.http.post("/_reset", json={"prompt_cache": True, "faults": True}).raise_for_status()
+        self.http.post("/_reset", json={"prompt_cache": True, "faults": True, "rate_limits": True}).raise_for_status()
 
     def stats(self) -> dict:
         return self.http.get("/_stats").json()
@@ -334,7 +342,9 @@ class Bench:
         # request of both sides to stderr; a benchmark (like any application) sets its own level.
         logging.getLogger().setLevel(logging.WARNING)
         self.phases = PhaseRecorder()
-        self.provider = Provider(args.latency, args.max_in_flight, args.retry_after, args.server_url)
+        self.realistic = None if args.provider == "slots" else {
+            "mode": "realistic", "ttft_s": args.ttft, "output_tokens_per_s": args.tokens_per_s, "rpm": args.rpm, "tpm": args.tpm}
+        self.provider = Provider(args.latency, args.max_in_flight, args.retry_after, args.server_url, self.realistic)
         self._warm_up_provider()
 
     def _warm_up_provider(self) -> None:
@@ -344,12 +354,12 @@ class Bench:
 
         from tkg.llm.wire import StatementsOut
 
-        self.provider.configure(latency_s=0.0)
+        self.provider.configure(latency_s=0.0, ttft_s=0.0)
         with openai.OpenAI(base_url=self.provider.base_url, api_key=API_KEY, max_retries=2) as client:
             client.embeddings.create(model=EMBEDDING_MODEL, dimensions=EMBEDDING_DIMENSIONS, input=["warm up"])
             client.responses.parse(model=MODEL, instructions="x", text_format=StatementsOut,
                                    input='- main entity: Advanced Micro Devices, Inc. (AMD)\n"""\nAMD revenue grew.\n"""')
-        self.provider.configure(latency_s=self.args.latency)
+        self.provider.configure(latency_s=self.args.latency, ttft_s=self.args.ttft)
 
     def elapsed_min(self) -> float:
         return (time.perf_counter() - self.started) / 60
@@ -387,9 +397,32 @@ class Bench:
             "server_cpu_s": round(cpu_server, 2) if cpu_server is not None else None,
             "loadavg_before": load[0], "loadavg_after": os.getloadavg()[0],
         })
+        if self.realistic:
+            record.update(self._realistic_bound(stats, wall, client_slots))
         # two processes of ours already keep 2 cores busy; much more means other work competed for the CPU
         record["machine_busy"] = max(record["loadavg_before"], record["loadavg_after"]) > 2 * (os.cpu_count() or 1) + 2
         return record
+
+    def _realistic_bound(self, stats: dict, wall: float, client_slots: int | None) -> dict:
+        """The bound of a run on the realistic provider: the largest of tokens ÷ TPM, requests ÷
+        RPM and Σ latency ÷ the client's slots (no slots: as many as it likes, so the longest
+        answer). Also the bound with the first minute's full budget spent at once ("drained"),
+        which a run can beat the plain bound by."""
+        real = self.realistic
+        embeddings = stats["requests"].get("embeddings", 0)
+        ok_generation = max(0, stats["status_200"] - embeddings)
+        tokens = stats["input_tokens"] + stats["output_tokens"]  # the generation model's budget
+        latency = ok_generation * real["ttft_s"] + stats["output_tokens"] / real["output_tokens_per_s"] + embeddings * 0.3
+        slots = client_slots or max(1, stats["max_concurrency"])
+        terms = {"tokens_over_tpm_s": tokens / real["tpm"] * 60, "requests_over_rpm_s": stats["status_200"] / real["rpm"] * 60,
+                 "latency_over_slots_s": latency / slots}
+        bound = max(terms.values())
+        drained = max((tokens - real["tpm"]) / real["tpm"] * 60, (stats["status_200"] - real["rpm"]) / real["rpm"] * 60,
+                      latency / slots, 0.0)
+        return {"bound_s": round(bound, 2), "wall_over_bound": round(wall / bound, 3) if bound else None,
+                "drained_bound_s": round(drained, 2), "wall_over_drained_bound": round(wall / drained, 3) if drained else None,
+                "bound_terms_s": {k: round(v, 2) for k, v in terms.items()},
+                "share_429": round(stats["status_429"] / max(1, stats["total_requests"]), 4)}
 
     # -- tkg ------------------------------------------------------------------------------------
 
@@ -485,7 +518,7 @@ class Bench:
         record["statements_missing_vs_reference"] = missing
         record["statements_lost"] = missing + sum(record["statements_without_answer"].values())
         self._common(record, stats, wall, cpu_client, None if server0 is None or server1 is None else server1 - server0,
-                     sampler, load, client_slots=settings.max_in_flight)
+                     sampler, load, client_slots=settings.paced_max_in_flight if self.realistic else settings.max_in_flight)
         record["cache_path"] = str(cache_path)
         if profiler is not None:
             record["loop_profile"] = _profile_rows(profiler)
@@ -564,11 +597,13 @@ class Bench:
             began = self.elapsed_min()
             default_cache = self.work / f"cache-default-r{repeat}.sqlite"
             self.run_tkg("tkg_default_batch", None, default_cache, repeat)
-            self.run_baseline("baseline", repeat)
+            if args.baseline:
+                self.run_baseline("baseline", repeat)
             if args.over_limit:
                 self.run_tkg("tkg_over_limit", None, self.work / f"cache-over-r{repeat}.sqlite", repeat,
                              max_in_flight=args.over_limit)
-            self.run_tkg("tkg_batch_1", 1, self.work / f"cache-bs1-r{repeat}.sqlite", repeat)
+            if args.batch_1:
+                self.run_tkg("tkg_batch_1", 1, self.work / f"cache-bs1-r{repeat}.sqlite", repeat)
             repeat_minutes = self.elapsed_min() - began
             if repeat == 1:
                 if not args.no_warm:
@@ -668,7 +703,8 @@ class Bench:
                    "generation_input_tokens", "embedding_input_tokens", "cached_input_tokens", "output_tokens",
                    "statements", "statements_lost", "transcripts_lost", "lower_bound_s", "wall_over_lower_bound",
                    "max_in_flight", "slots", "client_lower_bound_s", "wall_over_client_lower_bound", "mean_in_flight",
-                   "client_cpu_s", "server_cpu_s")
+                   "client_cpu_s", "server_cpu_s", "bound_s", "wall_over_bound", "drained_bound_s",
+                   "wall_over_drained_bound", "share_429")
         medians = {}
         for config, records in by_config.items():
             medians[config] = {"runs": len(records)}
@@ -732,6 +768,7 @@ class Bench:
                         "cpu_model": _cpu_model(), "note": "shared machine: see loadavg_before/after per run"},
             "tkg_max_in_flight": {"default_runs": self.args.tkg_max_in_flight or "tkg default (LLMSettings)",
                                   "over_limit_run": self.args.over_limit or None},
+            "provider_model": self.realistic or "slots",
             "provider": {"latency_s": self.args.latency, "max_in_flight": self.args.max_in_flight,
                          "retry_after_s": self.args.retry_after, "injected_faults": {"p_429": self.args.p_429,
                                                                                      "p_500": self.args.p_500,
@@ -803,8 +840,34 @@ LABELS = {
 }
 
 
+def markdown_realistic(results: dict) -> list[str]:
+    medians = results["medians"]
+    lines = ["| run | runs | wall s | requests | 429s (share) | input tokens | output tokens | statements lost | "
+             "bound s | wall / bound | drained bound s | wall / drained bound |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    fmt = lambda v, d=0: "n/a" if v is None else (f"{v:,.{d}f}" if isinstance(v, (int, float)) else str(v))
+    for config in [c for c in LABELS if c in medians]:
+        m = medians[config]
+        lines.append(f"| {LABELS[config]} | {m['runs']} | {fmt(m['wall_s'], 1)} | {fmt(m['requests'])} | "
+                     f"{fmt(m['status_429'])} ({fmt((m['share_429'] or 0) * 100, 1)}%) | {fmt(m['input_tokens'])} | "
+                     f"{fmt(m['output_tokens'])} | {fmt(m['statements_lost'])} | {fmt(m['bound_s'], 1)} | "
+                     f"{fmt(m['wall_over_bound'], 2)} | {fmt(m['drained_bound_s'], 1)} | {fmt(m['wall_over_drained_bound'], 2)} |")
+    return lines
+
+
 def markdown(results: dict) -> str:
     medians = results["medians"]
+    if results.get("provider_model") not in (None, "slots"):
+        lines = markdown_realistic(results)
+        for title, key in (("tkg defaults", "side_by_side_ratios"),):
+            if results[key]["median"]:
+                lines += ["", f"Side by side (baseline / {title}, median over repeats): "
+                          + ", ".join(f"{k} {v}x" for k, v in results[key]["median"].items())]
+        lines += ["", "| target | measured | result |", "|---|---|---|"]
+        for name, check in results["targets"].items():
+            verdict = "n/a" if check["pass"] is None else ("PASS" if check["pass"] else "FAIL")
+            lines.append(f"| {name} | {check['measured']} | {verdict} |")
+        return "\n".join(lines)
     order = [c for c in LABELS if c in medians]
     slots = results["provider"]["max_in_flight"]
     lines = [(f"| run | runs | client max in flight | wall s | requests | 429s | 500s | input tokens | output tokens | "
@@ -845,6 +908,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run tkg with this max_in_flight, above the provider's limit, every repeat (0: skip)")
     parser.add_argument("--retry-after", type=float, default=1.0, help="Retry-After the provider sends with a 429")
     parser.add_argument("--limit", type=int, default=4, help="number of the four 2017 AMD calls to use")
+    parser.add_argument("--provider", choices=("realistic", "slots"), default="realistic",
+                        help="realistic: time to first token + output tokens/s, RPM/TPM budgets with x-ratelimit-* "
+                             "headers (default); slots: the older fixed latency and concurrency limit")
+    parser.add_argument("--rpm", type=int, default=500, help="realistic: requests per minute (OpenAI tier 1, gpt-4.1-mini)")
+    parser.add_argument("--tpm", type=int, default=200_000, help="realistic: tokens per minute (OpenAI tier 1, gpt-4.1-mini)")
+    parser.add_argument("--ttft", type=float, default=0.93, help="realistic: seconds to the first token")
+    parser.add_argument("--tokens-per-s", type=float, default=77.2, help="realistic: output tokens per second")
+    parser.add_argument("--no-batch-1", dest="batch_1", action="store_false", help="skip the batch-size-1 runs")
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false",
+                        help="tkg's runs only (e.g. to re-measure tkg after a change; no side-by-side ratios)")
     parser.add_argument("--p-429", type=float, default=0.2)
     parser.add_argument("--p-500", type=float, default=0.05)
     parser.add_argument("--fault-seed", type=int, default=1)

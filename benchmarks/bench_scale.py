@@ -378,7 +378,7 @@ def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | Non
     the measured per-call accounting; the judge's share from judge-request rates (per 1,000 new
     events) measured on the real corpus and on the largest synthetic store; the global steps at
     TARGET_QUARTERS from power laws fitted on the measured sizes."""
-    from tkg.llm.settings import DEFAULT_PRICES
+    from tkg.llm.settings import BATCH_DISCOUNT, DEFAULT_PRICES
 
     calls = measured_llm["calls"]
     events_per_call = measured_llm["events"] / calls
@@ -413,6 +413,13 @@ def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | Non
             "usd_backfill_in_one_build": {m: round(dollars(m, "judge", {k: v * backfill_requests for k, v in per_judge.items()}))
                                           for m in ESTIMATE_MODELS} if per_judge else None}
     extraction = {m: round(sum(dollars(m, stage, t) for stage, t in per_call.items()) * TARGET_COMPANIES) for m in ESTIMATE_MODELS}
+    # One call's extraction, answered synchronously and through the Batch API (half price; the
+    # embeddings stay synchronous in batch mode, so they keep the list price).
+    per_call_usd = {}
+    for m in ESTIMATE_MODELS:
+        llm = sum(dollars(m, stage, t) for stage, t in per_call.items() if stage != "embeddings")
+        embeddings = dollars(m, "embeddings", per_call["embeddings"]) if "embeddings" in per_call else 0.0
+        per_call_usd[m] = {"sync": round(llm + embeddings, 5), "batch": round(llm * BATCH_DISCOUNT + embeddings, 5)}
     # The test server's answers hold far fewer triplets per statement than the generator's
     # stores (and an LLM's): the triplets stage's output, scaled to the generator's ratio.
     triplet_ratio = None
@@ -440,10 +447,12 @@ def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | Non
             "prices_usd_per_million_tokens": {m: dict(zip(("input", "cached_input", "output"), DEFAULT_PRICES[m]))
                                               for m in (*ESTIMATE_MODELS, EMBEDDING_MODEL)},
             "prices_note": "tkg.llm.settings.DEFAULT_PRICES (OpenAI standard-tier list prices), assumed as of 2026; "
-                           "flex or the Batch API bill about half",
+                           "flex bills about half; per_call_usd and *_batch: the Batch API at half the price "
+                           "for every LLM stage, embeddings synchronous",
             "per_call_source": measured_llm["source"],
         },
         "per_call": per_call,
+        "per_call_usd": per_call_usd,
         "per_judge_request": {k: round(v) for k, v in per_judge.items()} if per_judge else None,
         "per_quarter": {
             "calls": TARGET_COMPANIES,
@@ -452,6 +461,7 @@ def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | Non
             "cached_input_tokens": round(sum(t["cached_input_tokens"] for t in per_call.values()) * TARGET_COMPANIES),
             "output_tokens": round(sum(t["output_tokens"] for t in per_call.values()) * TARGET_COMPANIES),
             "extraction_usd": extraction,
+            "extraction_usd_batch": {m: round(v["batch"] * TARGET_COMPANIES) for m, v in per_call_usd.items()},
             "judge": judge_work,
             "triplet_output_sensitivity": {
                 "triplets_per_statement_ratio_generator_over_test_server": round(triplet_ratio, 1) if triplet_ratio else None,
@@ -459,6 +469,8 @@ def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | Non
                 "extra_usd": {m: round(extra_output * TARGET_COMPANIES * DEFAULT_PRICES[m][2] / 1e6) for m in ESTIMATE_MODELS}},
         },
         "backfill_40_quarters_extraction_usd": {m: v * TARGET_QUARTERS for m, v in extraction.items()},
+        "backfill_40_quarters_extraction_usd_batch": {m: round(v["batch"] * TARGET_COMPANIES) * TARGET_QUARTERS
+                                                      for m, v in per_call_usd.items()},
         "global_steps_at_target": projections,
         "global_steps_note": f"one {TARGET_COMPANIES:,}-company store of {TARGET_QUARTERS} quarters, cold, at the shard count "
                              "measured; more shards keep each process smaller (the time is the sum over shards)",

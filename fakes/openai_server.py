@@ -27,6 +27,23 @@ returned text. Prompt caching is simulated per model: ``cached_tokens`` is the
 longest prefix of the rendered prompt, in whole ``cache_block_tokens`` (1024)
 blocks, that an earlier successful request to the same model already sent.
 
+Two provider models. ``mode="slots"`` (the default, what the older benchmarks used): every
+request takes ``latency_s`` and at most ``max_in_flight`` are served at once, 429 beyond.
+``mode="realistic"`` (:func:`realistic_settings`): an answer takes ``ttft_s`` plus its output
+tokens at ``output_tokens_per_s`` (defaults: gpt-4.1-mini as measured by Artificial Analysis),
+and each model has requests- and tokens-per-minute budgets (``rpm``, ``tpm``) that refill
+continuously; every answer carries OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,
+tokens}`` headers, and a request over a budget gets OpenAI's 429 body ("Rate limit reached for
+... on tokens per min (TPM): Limit L, Used U, Requested R. Please try again in 1.2s ...") with
+``retry-after-ms`` and ``retry-after``. A request costs its input tokens plus its max-tokens
+cap on arrival; without a cap its output tokens are charged when known.
+
+Batch API: ``POST /v1/files`` (purpose ``batch``), ``POST /v1/batches``, ``GET
+/v1/batches/{id}``, ``POST /v1/batches/{id}/cancel`` and ``GET /v1/files/{id}/content``. A batch
+is answered ``batch_completion_s`` after creation (outside the rate limits), with an output
+file and an error file (``p_batch_line_error`` of its lines, seeded); ``queue_batch_outcomes``
+makes the next batches expire, get cancelled or fail.
+
 Function calling: a responder may return a :class:`FunctionCall` (or a list of
 them, or a :class:`ModelTurn` with text and calls) to make the "model" call tools
 the request offered; the answer carries ``function_call`` output items (Responses
@@ -45,6 +62,8 @@ import base64
 import collections
 import copy
 import dataclasses
+import email.parser
+import email.policy
 import hashlib
 import inspect
 import json
@@ -108,6 +127,21 @@ CONTENT_FAULTS = frozenset({"garbage", "schema_violation"})
 GARBAGE_TEXT = 'Sure! here is the JSON you asked for: {"'
 GENERATION_ENDPOINTS = ("responses", "chat.completions")
 _BACKLOG = 4096
+FAKE_ORGANIZATION = "org-tkg-fake"
+BATCH_OUTCOMES = ("completed", "expired", "cancelled", "failed")
+# OpenAI's documented limits of one batch input file.
+BATCH_MAX_REQUESTS = 50_000
+BATCH_MAX_BYTES = 200 * 1024 * 1024
+BATCH_ENDPOINTS = {"/v1/responses": "responses", "/v1/chat/completions": "chat.completions"}
+
+
+def max_output_tokens(body: Mapping[str, Any]) -> int | None:
+    """The cap on generated tokens a request sets (any of the APIs' three names), or None."""
+    for name in ("max_output_tokens", "max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def approx_tokens(text: str) -> int:
@@ -537,6 +571,52 @@ def embedding_vector(text: str, dimensions: int) -> np.ndarray:
 # --------------------------------------------------------------------------- provider state
 
 
+PROVIDER_MODES = ("slots", "realistic")
+# gpt-4.1-mini on OpenAI as Artificial Analysis measured it (artificialanalysis.ai/models/
+# gpt-4-1-mini/providers): 0.93 s to the first token, 77.2 output tokens per second.
+REALISTIC_TTFT_S = 0.93
+REALISTIC_OUTPUT_TOKENS_PER_S = 77.2
+# OpenAI's published usage-tier-2 limits for gpt-4.1-mini (requests and tokens per minute).
+REALISTIC_RPM = 5_000
+REALISTIC_TPM = 2_000_000
+
+
+def realistic_settings(**changes: Any) -> "ProviderSettings":
+    """Provider settings of the realistic mode with its defaults (tier-2 gpt-4.1-mini), then `changes`."""
+    return ProviderSettings(**{"mode": "realistic", "max_in_flight": None, "rpm": REALISTIC_RPM,
+                               "tpm": REALISTIC_TPM, **changes})
+
+
+@dataclass
+class _Budget:
+    """One per-minute budget (requests or tokens) of one model. It refills continuously at
+    limit/60 per second up to the limit; `reset_s` is how long until it is full again, which is
+    what OpenAI's x-ratelimit-reset-* headers announce."""
+
+    limit: int
+    level: float
+    updated: float
+
+    def refill(self, now: float) -> None:
+        self.level = min(float(self.limit), self.level + (now - self.updated) * self.limit / 60.0)
+        self.updated = now
+
+    def reset_s(self) -> float:
+        return max(0.0, self.limit - self.level) * 60.0 / self.limit
+
+    def wait_s(self, cost: float) -> float:
+        return max(0.0, cost - self.level) * 60.0 / self.limit
+
+
+def duration_text(seconds: float) -> str:
+    """A duration the way OpenAI's reset headers write it: ``20ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms"
+    minutes, rest = divmod(seconds, 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{int(minutes)}m{text}" if minutes else text
+
+
 @dataclass(frozen=True)
 class ProviderSettings:
     """Provider behaviour; read once per request, replaced atomically by ``configure``.
@@ -553,8 +633,30 @@ class ProviderSettings:
     fault_timeout_s: float = 30.0
     prompt_caching: bool = True
     cache_block_tokens: int = 1024
+    # "slots": every request takes latency_s, at most max_in_flight at once, 429 beyond.
+    # "realistic": latency = ttft_s + output tokens / output_tokens_per_s (embeddings:
+    # embedding_latency_s), requests- and tokens-per-minute budgets per model with OpenAI's
+    # x-ratelimit-* headers on every answer; no concurrency limit unless max_in_flight is set.
+    mode: str = "slots"
+    ttft_s: float = REALISTIC_TTFT_S
+    output_tokens_per_s: float = REALISTIC_OUTPUT_TOKENS_PER_S
+    embedding_latency_s: float = 0.3
+    rpm: int | None = None
+    tpm: int | None = None
+    # Batch API: how long a batch stays in_progress, and the seeded share of its lines that
+    # come back in the error file (status 500) instead of the output file.
+    batch_completion_s: float = 0.5
+    p_batch_line_error: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.mode not in PROVIDER_MODES:
+            raise ValueError(f"mode must be one of {PROVIDER_MODES}, got {self.mode!r}")
+        if self.ttft_s < 0 or self.output_tokens_per_s <= 0 or self.embedding_latency_s < 0 or self.batch_completion_s < 0:
+            raise ValueError("ttft_s, embedding_latency_s and batch_completion_s must be >= 0, output_tokens_per_s > 0")
+        if (self.rpm is not None and self.rpm < 1) or (self.tpm is not None and self.tpm < 1):
+            raise ValueError("rpm and tpm must be >= 1 or None")
+        if not 0 <= self.p_batch_line_error <= 1:
+            raise ValueError("p_batch_line_error must be a probability")
         if self.latency_s < 0 or self.retry_after_s < 0 or self.fault_timeout_s < 0:
             raise ValueError("latency_s, retry_after_s and fault_timeout_s must be >= 0")
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -602,6 +704,10 @@ class ServerStats:
     output_tokens: int = 0
     cached_tokens: int = 0
     embedding_tokens: int = 0
+    files_uploaded: int = 0
+    batches_created: int = 0
+    batch_lines: int = 0
+    batch_line_errors: int = 0
     max_concurrency: int = 0
     in_flight: int = 0
 
@@ -670,6 +776,7 @@ class OpenAICompatibleServer:
         cache_block_tokens: int = 1024,
         models: Iterable[str] = DEFAULT_MODELS,
         log_level: str = "warning",
+        provider: ProviderSettings | None = None,
     ) -> None:
         self.host = host
         self._requested_port = port
@@ -680,12 +787,16 @@ class OpenAICompatibleServer:
             latency_s=latency_s, max_in_flight=max_in_flight, retry_after_s=retry_after_s, p_429=p_429,
             p_500=p_500, fault_timeout_s=fault_timeout_s, prompt_caching=prompt_caching,
             cache_block_tokens=cache_block_tokens,
-        )
+        ) if provider is None else provider  # `provider` (e.g. realistic_settings()) replaces the keywords above
         self._responder: Responder = responder or default_responder
         self._rng = random.Random(seed)
         self._faults: collections.deque[Fault] = collections.deque()
         self._stats = ServerStats()
         self._seen_prefixes: dict[str, set[bytes]] = {}
+        self._budget_state: dict[tuple[str, str, int], _Budget] = {}
+        self._files: dict[str, dict[str, Any]] = {}
+        self._batches: dict[str, dict[str, Any]] = {}
+        self._batch_outcomes: collections.deque[str] = collections.deque()
         self._closing = threading.Event()
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -698,6 +809,12 @@ class OpenAICompatibleServer:
                 Route("/v1/embeddings", self._embeddings, methods=["POST"]),
                 Route("/v1/models", self._list_models, methods=["GET"]),
                 Route("/v1/models/{model:path}", self._get_model, methods=["GET"]),
+                Route("/v1/files", self._upload_file, methods=["POST"]),
+                Route("/v1/files/{file_id}", self._get_file, methods=["GET"]),
+                Route("/v1/files/{file_id}/content", self._get_file_content, methods=["GET"]),
+                Route("/v1/batches", self._create_batch, methods=["POST"]),
+                Route("/v1/batches/{batch_id}", self._get_batch, methods=["GET"]),
+                Route("/v1/batches/{batch_id}/cancel", self._cancel_batch, methods=["POST"]),
                 Route("/_stats", self._get_stats, methods=["GET"]),
                 Route("/_reset", self._post_reset, methods=["POST"]),
                 Route("/_configure", self._post_configure, methods=["POST"]),
@@ -737,6 +854,15 @@ class OpenAICompatibleServer:
         parsed = [f if isinstance(f, Fault) else Fault(str(f)) for f in faults]
         with self._lock:
             self._faults.extend(parsed)
+
+    def queue_batch_outcomes(self, *outcomes: str) -> None:
+        """How the next batches created end, FIFO: ``"completed"``, ``"expired"`` (every line
+        comes back in the error file with ``batch_expired``), ``"cancelled"`` or ``"failed"``."""
+        unknown = set(outcomes) - set(BATCH_OUTCOMES)
+        if unknown:
+            raise ValueError(f"unknown batch outcome(s) {sorted(unknown)}; expected some of {BATCH_OUTCOMES}")
+        with self._lock:
+            self._batch_outcomes.extend(outcomes)
 
     def clear_faults(self) -> None:
         """Drop all scripted faults not yet served."""
@@ -919,9 +1045,13 @@ class OpenAICompatibleServer:
 
     async def _serve(
         self, request: Request, endpoint: str,
-        produce: Callable[[Fault | None, ProviderSettings], Awaitable[Response]],
+        produce: Callable[[Fault | None, ProviderSettings], Awaitable[tuple[Response, int]]],
+        model: str | None = None, estimate: int = 0, charge_output: bool = False,
     ) -> Response:
-        """Apply admission, latency and transport faults around ``produce``."""
+        """Apply admission, rate limits, latency and transport faults around ``produce`` (which
+        answers the response and its output tokens). ``estimate`` is what the request costs
+        the tokens budget on arrival; with ``charge_output`` its output tokens are charged too
+        once they are known (a request without a max-tokens cap)."""
         admitted, fault, settings = self._admit(endpoint)
         if not admitted:
             return self._rate_limited(settings, injected=False)
@@ -929,20 +1059,95 @@ class OpenAICompatibleServer:
             kind = fault.kind if fault else None
             if kind == "429":  # real rate limits answer before doing any work
                 return self._rate_limited(settings, injected=True)
-            if settings.latency_s:
+            realistic = settings.mode == "realistic"
+            limit_headers: dict[str, str] = {}
+            if realistic and model is not None:
+                refused, limit_headers = self._spend(model, estimate, settings)
+                if refused is not None:
+                    return refused
+            if not realistic and settings.latency_s:
                 await asyncio.sleep(settings.latency_s)  # overlaps across concurrent requests
             if kind == "500":
+                if realistic:
+                    await asyncio.sleep(settings.ttft_s)
                 self._bump(status_500=1)
                 return _error(500, "The server had an error while processing your request. Sorry about that! "
-                                   "(injected fault)", "server_error")
+                                   "(injected fault)", "server_error", headers=limit_headers)
             if kind == "timeout":
                 self._bump(timeouts=1)
                 seconds = fault.seconds if fault.seconds is not None else settings.fault_timeout_s
                 if not await self._stall(request, seconds):
                     return Response(status_code=499)  # the client is gone; nobody reads this
-            return await produce(fault, settings)
+            response, output_tokens = await produce(fault, settings)
+            if realistic:
+                if charge_output and model is not None and response.status_code == 200:
+                    self._charge(model, output_tokens, settings)
+                # The answer takes as long as its tokens take to generate (no streaming here).
+                await asyncio.sleep(settings.embedding_latency_s if endpoint == "embeddings"
+                                    else settings.ttft_s + output_tokens / settings.output_tokens_per_s)
+            response.headers.update(limit_headers)
+            return response
         finally:
             self._bump(in_flight=-1)
+
+    # ------------------------------------------------------------------ per-minute budgets
+
+    def _budgets(self, model: str, settings: ProviderSettings) -> list[tuple[str, _Budget]]:
+        # Caller holds the lock. Keyed by limit too, so a reconfigured limit starts full.
+        now, found = time.monotonic(), []
+        for kind, limit in (("requests", settings.rpm), ("tokens", settings.tpm)):
+            if limit is None:
+                continue
+            budget = self._budget_state.setdefault((model, kind, limit), _Budget(limit, float(limit), now))
+            budget.refill(now)
+            found.append((kind, budget))
+        return found
+
+    @staticmethod
+    def _limit_headers(budgets: list[tuple[str, _Budget]]) -> dict[str, str]:
+        headers = {}
+        for kind, budget in budgets:
+            headers[f"x-ratelimit-limit-{kind}"] = str(budget.limit)
+            headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(budget.level)))
+            headers[f"x-ratelimit-reset-{kind}"] = duration_text(budget.reset_s())
+        return headers
+
+    def _spend(self, model: str, estimate: int, settings: ProviderSettings) -> tuple[Response | None, dict[str, str]]:
+        """Charge one request and ``estimate`` tokens to ``model``'s budgets, or refuse with the
+        429 OpenAI sends; either way the x-ratelimit-* headers as they stand after it."""
+        with self._lock:
+            budgets = self._budgets(model, settings)
+            for kind, budget in budgets:
+                cost = 1 if kind == "requests" else estimate
+                unit = "requests per min (RPM)" if kind == "requests" else "tokens per min (TPM)"
+                if cost > budget.limit:  # can never pass: OpenAI says so, without a retry hint
+                    self._stats.status_429_limit += 1
+                    return _error(429, f"Request too large for {model} in organization {FAKE_ORGANIZATION} on {unit}: "
+                                       f"Limit {budget.limit}, Requested {cost}. The input or output tokens must be "
+                                       "reduced in order to run successfully. Visit "
+                                       "https://platform.openai.com/account/rate-limits to learn more.",
+                                  kind, code="rate_limit_exceeded", headers=self._limit_headers(budgets)), {}
+                if budget.level < cost:
+                    self._stats.status_429_limit += 1
+                    wait = budget.wait_s(cost)
+                    used = budget.limit - max(0, math.floor(budget.level))
+                    return _error(429, f"Rate limit reached for {model} in organization {FAKE_ORGANIZATION} on {unit}: "
+                                       f"Limit {budget.limit}, Used {used}, Requested {cost}. Please try again in "
+                                       f"{duration_text(wait)}. Visit https://platform.openai.com/account/rate-limits "
+                                       "to learn more.",
+                                  kind, code="rate_limit_exceeded",
+                                  headers={**self._limit_headers(budgets), "retry-after-ms": str(math.ceil(wait * 1000)),
+                                           "retry-after": str(max(1, math.ceil(wait)))}), {}
+            for kind, budget in budgets:
+                budget.level -= 1 if kind == "requests" else estimate
+            return None, self._limit_headers(budgets)
+
+    def _charge(self, model: str, tokens: int, settings: ProviderSettings) -> None:
+        """Charge tokens known only after the answer (output without a cap) to the tokens budget."""
+        with self._lock:
+            for kind, budget in self._budgets(model, settings):
+                if kind == "tokens":
+                    budget.level -= tokens
 
     def _account(self, parsed: ParsedRequest, text: str, settings: ProviderSettings) -> tuple[int, int, int]:
         """Count a successful generation: (input_tokens, output_tokens, cached_tokens)."""
@@ -1002,19 +1207,21 @@ class OpenAICompatibleServer:
             self._bump(status_400=1)
             return _error(400, str(exc), "invalid_request_error", param=exc.param)
 
-        async def produce(fault: Fault | None, settings: ProviderSettings) -> Response:
+        async def produce(fault: Fault | None, settings: ProviderSettings) -> tuple[Response, int]:
             text = await self._generate_text(parsed, fault)
             if isinstance(text, Response):
-                return text
+                return text, 0
             calls: tuple[FunctionCall, ...] = ()
             if isinstance(text, ModelTurn):
                 text, calls = text.text, text.function_calls
             generated = "\n".join([text] * bool(text) + [f"{c.name}({c.arguments_json()})" for c in calls])
             usage = self._account(parsed, generated, settings)
             build = _responses_body if endpoint == "responses" else _chat_body
-            return JSONResponse(build(parsed, text, *usage, calls=calls), headers={"x-request-id": _new_id("req_")})
+            return JSONResponse(build(parsed, text, *usage, calls=calls), headers={"x-request-id": _new_id("req_")}), usage[1]
 
-        return await self._serve(request, endpoint, produce)
+        cap = max_output_tokens(body)
+        return await self._serve(request, endpoint, produce, model=parsed.model,
+                                 estimate=approx_tokens(parsed.rendered_prompt) + (cap or 0), charge_output=cap is None)
 
     # ------------------------------------------------------------------ endpoints
 
@@ -1041,7 +1248,7 @@ class OpenAICompatibleServer:
             self._bump(status_400=1)
             return _error(400, str(exc), "invalid_request_error", param=exc.param)
 
-        async def produce(fault: Fault | None, settings: ProviderSettings) -> Response:
+        async def produce(fault: Fault | None, settings: ProviderSettings) -> tuple[Response, int]:
             data = []
             # A responder may embed for real (e.g. with a local model), so similarity means something.
             embed = getattr(self._responder, "embed", None)
@@ -1056,9 +1263,10 @@ class OpenAICompatibleServer:
             self._bump(status_200=1, embedding_tokens=tokens)
             body_out = {"object": "list", "data": data, "model": parsed.model,
                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-            return JSONResponse(body_out, headers={"x-request-id": _new_id("req_")})
+            return JSONResponse(body_out, headers={"x-request-id": _new_id("req_")}), 0
 
-        return await self._serve(request, "embeddings", produce)
+        return await self._serve(request, "embeddings", produce, model=parsed.model,
+                                 estimate=sum(count for _, count in inputs))
 
     def _model_object(self, model: str) -> dict[str, Any]:
         return {"id": model, "object": "model", "created": 1_700_000_000, "owned_by": "tkg-testing"}
@@ -1088,7 +1296,7 @@ class OpenAICompatibleServer:
 
     async def _post_reset(self, request: Request) -> Response:
         """``POST /_reset``: zero the counters; ``{"prompt_cache": true}`` also forgets cached prefixes,
-        ``{"faults": true}`` drops scripted faults. Answers the counters as they were before."""
+        ``{"faults": true}`` drops scripted faults, ``{"rate_limits": true}`` refills every budget. Answers the counters as they were before."""
         options = await self._json_object(request)
         if options is None:
             return _error(400, "POST /_reset takes a JSON object (or no body).", "invalid_request_error")
@@ -1098,6 +1306,9 @@ class OpenAICompatibleServer:
             self.clear_prompt_cache()
         if options.get("faults"):
             self.clear_faults()
+        if options.get("rate_limits"):  # every per-minute budget full again, as after a quiet minute
+            with self._lock:
+                self._budget_state.clear()
         return JSONResponse(before)
 
     async def _post_configure(self, request: Request) -> Response:
@@ -1115,6 +1326,203 @@ class OpenAICompatibleServer:
         except (TypeError, ValueError) as exc:
             return _error(400, f"invalid settings: {exc}", "invalid_request_error")
         return JSONResponse(dataclasses.asdict(settings))
+
+    # ------------------------------------------------------------------ files and batches
+
+    def _file_object(self, file_id: str) -> dict[str, Any]:
+        stored = self._files[file_id]
+        return {"id": file_id, "object": "file", "bytes": len(stored["content"]), "created_at": stored["created_at"],
+                "filename": stored["filename"], "purpose": stored["purpose"], "status": "processed",
+                "expires_at": None, "status_details": None}
+
+    def _store_file(self, content: bytes, filename: str, purpose: str) -> str:
+        file_id = _new_id("file-")
+        with self._lock:
+            self._files[file_id] = {"content": content, "filename": filename, "purpose": purpose,
+                                    "created_at": int(time.time())}
+        return file_id
+
+    async def _upload_file(self, request: Request) -> Response:
+        """``POST /v1/files`` (multipart: ``purpose`` and ``file``), parsed with the standard
+        library's MIME parser so the fake needs no multipart package."""
+        self._count("files")
+        raw = await request.body()
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"Content-Type: " + request.headers.get("content-type", "").encode("latin-1") + b"\r\n\r\n" + raw)
+        fields: dict[str, tuple[bytes, str | None]] = {}
+        if message.is_multipart():
+            for part in message.iter_parts():
+                name = part.get_param("name", header="content-disposition")
+                if name:
+                    fields[str(name)] = (part.get_payload(decode=True) or b"", part.get_filename())
+        if "file" not in fields or "purpose" not in fields:
+            self._bump(status_400=1)
+            return _error(400, "Uploading a file takes multipart fields 'file' and 'purpose'.", "invalid_request_error")
+        content, filename = fields["file"]
+        purpose = fields["purpose"][0].decode("utf-8", "replace")
+        if purpose == "batch" and len(content) > BATCH_MAX_BYTES:
+            self._bump(status_400=1)
+            return _error(400, f"A batch input file may hold at most {BATCH_MAX_BYTES} bytes.", "invalid_request_error")
+        file_id = self._store_file(content, filename or "upload.jsonl", purpose)
+        self._bump(files_uploaded=1)
+        return JSONResponse(self._file_object(file_id))
+
+    async def _get_file(self, request: Request) -> Response:
+        file_id = request.path_params["file_id"]
+        with self._lock:
+            if file_id not in self._files:
+                return _error(404, f"No such File object: {file_id}", "invalid_request_error")
+            return JSONResponse(self._file_object(file_id))
+
+    async def _get_file_content(self, request: Request) -> Response:
+        file_id = request.path_params["file_id"]
+        with self._lock:
+            stored = self._files.get(file_id)
+        if stored is None:
+            return _error(404, f"No such File object: {file_id}", "invalid_request_error")
+        return Response(stored["content"], media_type="application/octet-stream")
+
+    async def _create_batch(self, request: Request) -> Response:
+        """``POST /v1/batches``: checks the input file the way OpenAI does (one endpoint, one
+        model, unique custom_ids, at most 50,000 lines), then runs it after ``batch_completion_s``."""
+        self._count("batches")
+        body = await self._json_object(request)
+        if body is None:
+            return _error(400, "We could not parse the JSON body of your request.", "invalid_request_error")
+        endpoint, file_id = body.get("endpoint"), body.get("input_file_id")
+        if endpoint not in BATCH_ENDPOINTS:
+            return _error(400, f"endpoint must be one of {sorted(BATCH_ENDPOINTS)}", "invalid_request_error", param="endpoint")
+        if body.get("completion_window") != "24h":
+            return _error(400, "completion_window must be '24h'", "invalid_request_error", param="completion_window")
+        with self._lock:
+            stored = self._files.get(file_id)
+        if stored is None or stored["purpose"] != "batch":
+            return _error(400, f"input_file_id {file_id!r} is not a file uploaded with purpose 'batch'",
+                          "invalid_request_error", param="input_file_id")
+        lines = [line for line in stored["content"].decode("utf-8").splitlines() if line.strip()]
+        problems, seen, models = [], set(), set()
+        for number, line in enumerate(lines, 1):
+            try:
+                item = json.loads(line)
+            except ValueError:
+                problems.append(f"line {number}: not JSON")
+                continue
+            if item.get("custom_id") in seen:
+                problems.append(f"line {number}: duplicate custom_id {item.get('custom_id')!r}")
+            seen.add(item.get("custom_id"))
+            if item.get("method") != "POST" or item.get("url") != endpoint:
+                problems.append(f"line {number}: method must be POST and url {endpoint}")
+            models.add((item.get("body") or {}).get("model"))
+        if len(lines) > BATCH_MAX_REQUESTS:
+            problems.append(f"{len(lines)} requests; a batch holds at most {BATCH_MAX_REQUESTS}")
+        if len(models) > 1:
+            problems.append(f"one model per batch, got {sorted(map(str, models))}")
+        now = int(time.time())
+        with self._lock:
+            outcome = self._batch_outcomes.popleft() if self._batch_outcomes else "completed"
+        batch = {
+            "id": _new_id("batch_"), "object": "batch", "endpoint": endpoint, "errors": None,
+            "input_file_id": file_id, "completion_window": "24h", "status": "in_progress",
+            "output_file_id": None, "error_file_id": None, "created_at": now, "in_progress_at": now,
+            "expires_at": now + 86_400, "finalizing_at": None, "completed_at": None, "failed_at": None,
+            "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+            "request_counts": {"total": len(lines), "completed": 0, "failed": 0},
+            "metadata": body.get("metadata") or None,
+        }
+        if problems:
+            batch.update(status="failed", failed_at=now, errors={"object": "list", "data": [
+                {"code": "invalid_request", "message": problem, "param": None, "line": None} for problem in problems[:20]]})
+            outcome = "failed"
+        with self._lock:
+            self._batches[batch["id"]] = {"object": batch, "lines": lines, "outcome": outcome, "created": time.monotonic()}
+            self._stats.batches_created += 1
+        return JSONResponse(batch)
+
+    async def _get_batch(self, request: Request) -> Response:
+        batch_id = request.path_params["batch_id"]
+        with self._lock:
+            entry = self._batches.get(batch_id)
+        if entry is None:
+            return _error(404, f"No batch found with id '{batch_id}'.", "invalid_request_error")
+        # Due by the completion time configured now, so a test can make pending batches finish.
+        with self._lock:  # one poller finishes it; the others see it finalizing meanwhile
+            due = (entry["object"]["status"] == "in_progress"
+                   and time.monotonic() >= entry["created"] + self._settings.batch_completion_s)
+            if due:
+                entry["object"]["status"] = "finalizing"
+                entry["object"]["finalizing_at"] = int(time.time())
+        if due:
+            await self._finish_batch(entry)
+        return JSONResponse(entry["object"])
+
+    async def _cancel_batch(self, request: Request) -> Response:
+        batch_id = request.path_params["batch_id"]
+        with self._lock:
+            entry = self._batches.get(batch_id)
+            if entry is None:
+                return _error(404, f"No batch found with id '{batch_id}'.", "invalid_request_error")
+            if entry["object"]["status"] == "in_progress":
+                now = int(time.time())
+                entry["object"].update(status="cancelled", cancelling_at=now, cancelled_at=now)
+        return JSONResponse(entry["object"])
+
+    async def _finish_batch(self, entry: dict[str, Any]) -> None:
+        """Answer every line of a due batch (no latency, no rate limits: the batch pool is its
+        own), writing the output and error files, and end it the way its outcome says."""
+        batch, outcome, now = entry["object"], entry["outcome"], int(time.time())
+        if outcome in ("cancelled", "failed"):
+            batch.update(status=outcome, **{f"{outcome}_at": now})
+            if outcome == "failed" and not batch["errors"]:
+                batch["errors"] = {"object": "list", "data": [{"code": "server_error", "message": "injected batch failure",
+                                                               "param": None, "line": None}]}
+            return
+        endpoint = BATCH_ENDPOINTS[batch["endpoint"]]
+        outputs, errors = [], []
+        for line in entry["lines"]:
+            item = json.loads(line)
+            custom_id = item.get("custom_id")
+            if outcome == "expired":
+                errors.append({"id": _new_id("batch_req_"), "custom_id": custom_id, "response": None,
+                               "error": {"code": "batch_expired", "message": "This request could not be executed "
+                                         "before the completion window expired."}})
+                continue
+            with self._lock:
+                settings = self._settings
+                line_fails = self._rng.random() < settings.p_batch_line_error
+            status, response_body = 500, {"error": {"message": "The server had an error while processing your request.",
+                                                    "type": "server_error", "param": None, "code": None}}
+            if not line_fails:
+                status, response_body = await self._batch_line(endpoint, item.get("body") or {}, settings)
+            record = {"id": _new_id("batch_req_"), "custom_id": custom_id,
+                      "response": {"status_code": status, "request_id": _new_id("req_"), "body": response_body},
+                      "error": None}
+            (outputs if status == 200 else errors).append(record)
+        self._bump(batch_lines=len(entry["lines"]), batch_line_errors=len(errors))
+        jsonl = lambda records: "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")  # noqa: E731
+        batch["output_file_id"] = self._store_file(jsonl(outputs), "batch_output.jsonl", "batch_output") if outputs else None
+        batch["error_file_id"] = self._store_file(jsonl(errors), "batch_errors.jsonl", "batch_output") if errors else None
+        batch["request_counts"] = {"total": len(entry["lines"]), "completed": len(outputs), "failed": len(errors)}
+        if outcome == "expired":
+            batch.update(status="expired", expired_at=now)
+        else:
+            batch.update(status="completed", finalizing_at=now, completed_at=now)
+
+    async def _batch_line(self, endpoint: str, body: Mapping[str, Any], settings: ProviderSettings) -> tuple[int, dict[str, Any]]:
+        """One batch line answered as the synchronous endpoint would: (status, body)."""
+        try:
+            parsed = parse_request(endpoint, body)
+        except BadRequest as exc:
+            return 400, {"error": {"message": str(exc), "type": "invalid_request_error", "param": exc.param, "code": None}}
+        text = await self._generate_text(parsed, None)
+        if isinstance(text, Response):
+            return text.status_code, json.loads(bytes(text.body))
+        calls: tuple[FunctionCall, ...] = ()
+        if isinstance(text, ModelTurn):
+            text, calls = text.text, text.function_calls
+        generated = "\n".join([text] * bool(text) + [f"{c.name}({c.arguments_json()})" for c in calls])
+        usage = self._account(parsed, generated, settings)
+        build = _responses_body if endpoint == "responses" else _chat_body
+        return 200, build(parsed, text, *usage, calls=calls)
 
     async def _http_exception(self, request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
@@ -1223,6 +1631,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--p-429", type=float, default=0.0, help="probability of an injected 429")
     parser.add_argument("--p-500", type=float, default=0.0, help="probability of an injected 500")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mode", choices=PROVIDER_MODES, default="slots",
+                        help="slots: fixed latency and a concurrency limit; realistic: time to first token + "
+                             "tokens/s, RPM/TPM budgets with x-ratelimit-* headers")
+    parser.add_argument("--ttft", type=float, default=REALISTIC_TTFT_S, help="realistic: seconds to the first token")
+    parser.add_argument("--tokens-per-s", type=float, default=REALISTIC_OUTPUT_TOKENS_PER_S,
+                        help="realistic: output tokens per second")
+    parser.add_argument("--rpm", type=int, default=REALISTIC_RPM, help="realistic: requests per minute per model (0: none)")
+    parser.add_argument("--tpm", type=int, default=REALISTIC_TPM, help="realistic: tokens per minute per model (0: none)")
+    parser.add_argument("--batch-completion", type=float, default=0.5, help="seconds a batch stays in progress")
     parser.add_argument("--no-prompt-caching", action="store_true")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--responder", default=None,
@@ -1235,19 +1652,15 @@ def main(argv: list[str] | None = None) -> None:
 
         module, _, attribute = args.responder.partition(":")
         responder = getattr(importlib.import_module(module), attribute)()
-    OpenAICompatibleServer(
-        responder,
-        host=args.host,
-        port=args.port,
-        latency_s=args.latency,
-        max_in_flight=args.max_in_flight or None,
-        retry_after_s=args.retry_after,
-        p_429=args.p_429,
-        p_500=args.p_500,
-        seed=args.seed,
-        prompt_caching=not args.no_prompt_caching,
-        log_level=args.log_level,
-    ).serve_forever()
+    provider = ProviderSettings(
+        latency_s=args.latency, max_in_flight=args.max_in_flight or None, retry_after_s=args.retry_after,
+        p_429=args.p_429, p_500=args.p_500, prompt_caching=not args.no_prompt_caching, mode=args.mode,
+        ttft_s=args.ttft, output_tokens_per_s=args.tokens_per_s, batch_completion_s=args.batch_completion,
+        rpm=(args.rpm or None) if args.mode == "realistic" else None,
+        tpm=(args.tpm or None) if args.mode == "realistic" else None,
+    )
+    OpenAICompatibleServer(responder, host=args.host, port=args.port, seed=args.seed, log_level=args.log_level,
+                           provider=provider).serve_forever()
 
 
 if __name__ == "__main__":

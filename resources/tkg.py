@@ -62,6 +62,8 @@ class ExtractionBackend(dg.ConfigurableResource):
     batch_size: int | None = Field(None, description="statements per validity/triplet/figure request (TKG_BATCH_SIZE)")
     max_in_flight: int | None = Field(None, description="requests in flight at most (TKG_MAX_IN_FLIGHT)")
     service_tier: str | None = Field(None, description="e.g. flex (TKG_SERVICE_TIER)")
+    llm_mode: str | None = Field(None, description="sync | batch: LLM stages through OpenAI's Batch API at half price, "
+                                                   "answers within 24 h, resumable (TKG_LLM_MODE)")
     cache: str | None = Field(None, description="A shared response cache: postgresql://user:password@host/db; unset, a "
                                                 "SQLite file under <home>/cache (TKG_CACHE). Set it from an EnvVar: it "
                                                 "may hold a password")
@@ -80,7 +82,8 @@ def settings_of(storage: TkgStorage, source: TranscriptSource | None = None,
         shards=storage.shards,
         source=source.source, backend=extraction.backend, embeddings=extraction.embeddings, base_url=extraction.base_url,
         api_mode=extraction.api_mode, batch_size=extraction.batch_size, max_in_flight=extraction.max_in_flight,
-        service_tier=extraction.service_tier, cache=extraction.cache, allow_partial=extraction.allow_partial)
+        service_tier=extraction.service_tier, cache=extraction.cache, allow_partial=extraction.allow_partial,
+        llm_mode=extraction.llm_mode)
 
 
 def resources_for(settings: Settings) -> dict[str, dg.ConfigurableResource]:
@@ -95,7 +98,7 @@ def resources_for(settings: Settings) -> dict[str, dg.ConfigurableResource]:
         "extraction": ExtractionBackend(
             backend=settings.backend, embeddings=settings.embeddings, base_url=llm.base_url, api_mode=llm.api_mode,
             batch_size=llm.batch_size, max_in_flight=llm.max_in_flight, service_tier=llm.service_tier,
-            allow_partial=settings.allow_partial,
+            llm_mode=llm.llm_mode, allow_partial=settings.allow_partial,
             api_key=dg.EnvVar("OPENAI_API_KEY") if os.environ.get("OPENAI_API_KEY") else None),
     }
 

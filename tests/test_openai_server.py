@@ -371,3 +371,95 @@ def test_http_control_endpoints_reset_and_configure():
         with pytest.raises(openai.InternalServerError):
             client.embeddings.create(model="text-embedding-3-small", input=["a"], dimensions=8)
         assert httpx.post(f"{server.url}/_configure", json={"nonsense": 1}).status_code == 400
+
+
+# --------------------------------------------------------------------------- realistic mode and batches
+
+
+def test_realistic_latency_grows_with_the_tokens_generated():
+    from fakes.openai_server import realistic_settings
+
+    def responder(request: ParsedRequest) -> str:
+        return "w" * (4 * int(request.input_text.split("=")[1]))  # that many output tokens
+
+    provider = realistic_settings(ttft_s=0.1, output_tokens_per_s=200.0)
+    with OpenAICompatibleServer(responder, provider=provider) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="sk-test", max_retries=0)
+        client.responses.create(model=MODEL, input="n=1")  # connection and first-request costs out of the way
+        timings = {}
+        for tokens in (10, 200):
+            started = time.perf_counter()
+            client.responses.create(model=MODEL, input=f"n={tokens}")
+            timings[tokens] = time.perf_counter() - started
+    assert timings[10] >= 0.1 + 10 / 200 and timings[200] >= 0.1 + 200 / 200
+    # the difference is the 190 extra tokens at 200 a second (a loaded machine adds to both)
+    assert 0.9 <= timings[200] - timings[10] < 0.95 + 0.4
+
+
+def test_realistic_budgets_announce_openai_headers_and_answer_429_as_openai_does():
+    from fakes.openai_server import realistic_settings
+
+    provider = realistic_settings(rpm=2, tpm=100_000, ttft_s=0.0)
+    with OpenAICompatibleServer(provider=provider) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="sk-test", max_retries=0)
+        first = client.responses.with_raw_response.create(model=MODEL, input="hello")
+        headers = first.headers
+        assert headers["x-ratelimit-limit-requests"] == "2" and headers["x-ratelimit-remaining-requests"] == "1"
+        assert headers["x-ratelimit-limit-tokens"] == "100000"
+        assert int(headers["x-ratelimit-remaining-tokens"]) == 100_000 - first.parse().usage.input_tokens
+        assert headers["x-ratelimit-reset-requests"].endswith("s") and headers["x-ratelimit-reset-tokens"].endswith("s")
+        client.responses.create(model=MODEL, input="hello")
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.responses.create(model=MODEL, input="hello")
+        error = caught.value
+        assert error.body["type"] == "requests" and error.body["code"] == "rate_limit_exceeded"
+        assert error.body["message"].startswith(f"Rate limit reached for {MODEL} in organization ")
+        assert "on requests per min (RPM): Limit 2, Used 2, Requested 1. Please try again in" in error.body["message"]
+        wait_ms = int(error.response.headers["retry-after-ms"])
+        assert 25_000 <= wait_ms <= 30_000  # half a minute refills one request of two per minute
+        assert error.response.headers["x-ratelimit-remaining-requests"] == "0"
+        # Embeddings have their own model, so their own budget.
+        assert client.embeddings.create(model="text-embedding-3-small", input=["a"], dimensions=4).data
+        # A request larger than the whole tokens budget can never pass, and says so.
+        server.configure(tpm=50, rpm=1000)
+        with pytest.raises(openai.RateLimitError, match="Request too large"):
+            client.responses.create(model=MODEL, input="x" * 400)
+
+
+def test_batch_files_round_trip_with_error_lines_and_scripted_outcomes():
+    import io
+
+    def jsonl(*ids: str) -> bytes:
+        return "".join(json.dumps({"custom_id": i, "method": "POST", "url": "/v1/responses",
+                                   "body": {"model": MODEL, "input": f"say {i}"}}) + "\n" for i in ids).encode()
+
+    with OpenAICompatibleServer(seed=4) as server:
+        server.configure(batch_completion_s=0.1, p_batch_line_error=0.5)
+        client = openai.OpenAI(base_url=server.base_url, api_key="sk-test", max_retries=0)
+        upload = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(*map(str, range(20)))), "application/jsonl"),
+                                     purpose="batch")
+        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/responses", completion_window="24h")
+        assert batch.status == "in_progress" and batch.request_counts.total == 20
+        time.sleep(0.2)
+        done = client.batches.retrieve(batch.id)
+        assert done.status == "completed"
+        outputs = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
+        errors = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()]
+        assert sorted(o["custom_id"] for o in outputs + errors) == sorted(map(str, range(20)))
+        assert outputs and errors and done.request_counts.failed == len(errors)
+        assert all(o["response"]["status_code"] == 200 and o["response"]["body"]["object"] == "response" for o in outputs)
+        assert all(e["response"]["status_code"] == 500 for e in errors)
+
+        server.configure(p_batch_line_error=0.0)
+        server.queue_batch_outcomes("expired")
+        expired = client.batches.create(input_file_id=upload.id, endpoint="/v1/responses", completion_window="24h")
+        time.sleep(0.2)
+        expired = client.batches.retrieve(expired.id)
+        assert expired.status == "expired" and expired.output_file_id is None
+        assert all(json.loads(line)["error"]["code"] == "batch_expired"
+                   for line in client.files.content(expired.error_file_id).text.splitlines())
+
+        mixed = client.files.create(file=("bad.jsonl", io.BytesIO(jsonl("a", "a")), "application/jsonl"), purpose="batch")
+        invalid = client.batches.create(input_file_id=mixed.id, endpoint="/v1/responses", completion_window="24h")
+        assert invalid.status == "failed" and "duplicate custom_id" in invalid.errors.data[0].message
+        assert server.stats().batches_created == 3 and server.stats().files_uploaded == 2

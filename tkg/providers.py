@@ -61,7 +61,13 @@ def llm_client(settings: Settings, api_key: str | None = None):
     from tkg.llm.cache import open_cache
     from tkg.llm.extractor import shared_client
 
-    return shared_client(settings.llm, api_key or os.environ.get("OPENAI_API_KEY")), open_cache(settings.home, settings.cache)
+    client = shared_client(settings.llm, api_key or os.environ.get("OPENAI_API_KEY"))
+    if settings.llm.llm_mode == "batch" and client.batches is None:
+        from tkg.llm.batch import BatchRunner
+
+        # Batch ids live beside the data, so a rerun on the same folder resumes them.
+        client.batches = BatchRunner(client, settings.home / "cache" / "llm_batches.sqlite")
+    return client, open_cache(settings.home, settings.cache)
 
 
 def open_providers(settings: Settings, api_key: str | None = None) -> Providers:

@@ -105,13 +105,14 @@ class Settings:
                 backend: str | None = None, embeddings: str | None = None, base_url: str | None = None,
                 api_mode: str | None = None, batch_size: int | None = None, max_in_flight: int | None = None,
                 service_tier: str | None = None, cache: str | None = None, allow_partial: bool | None = None,
-                shards: int | None = None) -> Settings:
+                shards: int | None = None, llm_mode: str | None = None) -> Settings:
         """The settings a value given here, else its variable, else its default, decides."""
         environ = os.environ
         home_path = _path(home or environ.get("TKG_HOME") or "tkg_data")
         overrides = {name: value for name, value in (("base_url", base_url), ("api_mode", api_mode),
                                                       ("batch_size", batch_size), ("max_in_flight", max_in_flight),
-                                                      ("service_tier", service_tier)) if value is not None}
+                                                      ("service_tier", service_tier), ("llm_mode", llm_mode))
+                     if value is not None}
         llm = replace(settings_from_env(), **overrides)
         chosen = choose_backend(backend, llm.base_url)
         return cls(
@@ -171,5 +172,6 @@ class Settings:
             return f"offline rules and judge, {self.embeddings} embeddings"
         llm = self.llm
         return (f"openai-compatible at {llm.base_url or 'api.openai.com'} ({llm.api_mode} API), "
-                f"models {llm.models}, batch size {llm.batch_size}, at most {llm.max_in_flight} in flight, "
-                f"{self.embeddings} embeddings")
+                f"models {llm.models}, batch size {llm.batch_size}, at most {llm.max_in_flight} in flight until the "
+                f"provider's rate-limit headers pace requests, {self.embeddings} embeddings"
+                + (", LLM stages through the Batch API (half price, answers within 24 h)" if llm.llm_mode == "batch" else ""))

@@ -88,6 +88,9 @@ def build(
     allow_partial: Annotated[bool, typer.Option(
         "--allow-partial", help="Keep what a stage extracted when the provider left items unanswered, and publish; "
                                 "the output lists what is missing and the next build retries it")] = False,
+    llm_mode: Annotated[Optional[str], typer.Option(
+        "--llm-mode", metavar="MODE", help="sync: requests as they come; batch: each LLM stage through OpenAI's Batch API "
+                                           "at half price, answers within 24 h, resumable (TKG_LLM_MODE)")] = None,
 ) -> None:
     """Build what changed: new or changed calls, stages whose code (prompt, model, rules) changed,
     then resolution, invalidation and tkg.duckdb. Says 'up to date' when nothing did."""
@@ -95,7 +98,10 @@ def build(
     if first and last and first > last:
         raise UsageError(f"--since {since} is after --until {until}; swap them")
     wanted = _check_companies(company)
-    settings = Settings.resolve(home=home, source=chosen_source(home, source), allow_partial=allow_partial or None)
+    if llm_mode is not None and llm_mode not in ("sync", "batch"):
+        raise UsageError(f"--llm-mode must be sync or batch, got {llm_mode!r}")
+    settings = Settings.resolve(home=home, source=chosen_source(home, source), allow_partial=allow_partial or None,
+                                llm_mode=llm_mode)
     with _exclusive(settings):
         _build(settings, wanted, first, last, workers, force)
 

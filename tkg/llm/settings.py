@@ -33,6 +33,8 @@ DEFAULT_PRICES: dict[str, tuple[float, float, float]] = {
     "text-embedding-3-small": (0.02, 0.02, 0.0),
 }
 FLEX_DISCOUNT = 0.5  # service_tier="flex" bills about half the standard price
+BATCH_DISCOUNT = 0.5  # the Batch API bills half the standard price, for answers within 24 hours
+LLM_MODES = ("sync", "batch")
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,10 @@ class LLMSettings:
     temperature: float = 0.0
     service_tier: str | None = None  # e.g. "flex" for cheap batch work
     timeout_s: float = 120.0
-    max_in_flight: int = 16
+    max_in_flight: int = 16  # the window while a model's budgets are unknown, and for servers that announce none
+    paced_max_in_flight: int = 512  # the ceiling once the provider's rate-limit headers pace requests
+    llm_mode: str = "sync"  # "sync": requests as they come; "batch": a stage's requests go out as Batch API jobs
+    batch_poll_s: float = 30.0  # how often a pending batch is checked
     max_attempts: int = 8
     batch_size: int = 8  # statements per validity / triplet / figure request; 1 = one request per statement
     embedding_batch_size: int = 512
@@ -70,12 +75,23 @@ class LLMSettings:
             relevant["segments"] = figures.segments_fingerprint()
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
-    def cost_usd(self, model: str, input_tokens: int, cached_tokens: int, output_tokens: int) -> float:
+    def __post_init__(self) -> None:
+        if self.llm_mode not in LLM_MODES:
+            raise ValueError(f"TKG_LLM_MODE must be one of {LLM_MODES}, got {self.llm_mode!r}")
+
+    def cost_usd(self, model: str, input_tokens: int, cached_tokens: int, output_tokens: int, batch: bool = False) -> float:
+        """What OpenAI bills for these tokens of `model`: list price, half with flex or through
+        the Batch API (`batch`). A model dated snapshot (gpt-4.1-mini-2025-04-14) is priced as its model."""
         price = self.prices.get(model)
+        if price is None:
+            base = next((name for name in sorted(self.prices, key=len, reverse=True) if model.startswith(name + "-")), None)
+            price = self.prices.get(base) if base else None
         if price is None:
             return 0.0
         uncached = max(input_tokens - cached_tokens, 0)
         cost = (uncached * price[0] + cached_tokens * price[1] + output_tokens * price[2]) / 1_000_000
+        if batch:
+            return cost * BATCH_DISCOUNT
         return cost * (FLEX_DISCOUNT if self.service_tier == "flex" else 1.0)
 
     def describe(self) -> dict[str, object]:
@@ -103,6 +119,9 @@ def settings_from_env() -> LLMSettings:
         service_tier=os.environ.get("TKG_SERVICE_TIER") or None,
         timeout_s=float(os.environ.get("TKG_LLM_TIMEOUT", "120")),
         max_in_flight=int(os.environ.get("TKG_MAX_IN_FLIGHT", "16")),
+        paced_max_in_flight=int(os.environ.get("TKG_PACED_MAX_IN_FLIGHT", "512")),
+        llm_mode=(os.environ.get("TKG_LLM_MODE") or "sync").strip().lower(),
+        batch_poll_s=float(os.environ.get("TKG_BATCH_POLL_S", "30")),
         max_attempts=int(os.environ.get("TKG_LLM_ATTEMPTS", "8")),
         batch_size=int(os.environ.get("TKG_BATCH_SIZE", "8")),
         prices=prices,
