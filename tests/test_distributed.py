@@ -266,7 +266,8 @@ def test_two_celery_workers_sharing_only_postgres_redis_and_s3_build_the_graph_a
             assert len(captured) == len(succeeded) and captured <= shipped, (run_id, captured, shipped)
             steps_by_worker.update(in_workers.values())
         assert set(steps_by_worker) == set(workers), steps_by_worker
-        assert sum(steps_by_worker.values()) >= len(keys) * len(STAGES), steps_by_worker
+        # one step per partition run (the partitioned stages are one multi-asset), then the global steps
+        assert sum(steps_by_worker.values()) >= len(keys) + 1, steps_by_worker
 
     # The Parquet system of record is in the object store; no machine wrote Parquet to its disk.
     assert len([key for key in s3_server.keys(bucket, "tkg/") if key.endswith(".parquet")]) >= len(keys) * len(STAGES)

@@ -52,8 +52,11 @@ def facts_digest(home: Path) -> tuple[int, str] | None:
 def parquet_stamps(home: Path) -> dict[str, str]:
     from tkg.core.versions import read_stamp
 
+    # The stamped files: not the manifest, nor a shard step's split data (`v=<version>/`), whose
+    # stamps live in their step's own file.
     return {str(p.relative_to(home)): read_stamp(p).version for p in sorted((home / "parquet").rglob("*.parquet"))
-            if "llm_calls" not in p.parts}
+            if "llm_calls" not in p.parts and "_manifest" not in p.parts
+            and not any(part.startswith("v=") for part in p.parts)}
 
 
 @pytest.fixture(scope="module")

@@ -272,6 +272,8 @@ def _revisions(job: StageJob) -> FigureRevisions:
     if not files:
         return revise_figures(tables.FIGURES.empty_table())
     figures = scan(job.store, job.connection, files).order("company").to_arrow_table().cast(tables.FIGURES)
+    if figures.num_rows == 0:  # files with no rows (a partial LLM build, calls with no figure)
+        return revise_figures(figures)
     companies = figures.column("company")
     invalidations, judgments, retired = [], [], {}
     start = 0
