@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 
 from tkg.answer.query import Fact, Figure, Graph, QueryError
-from tkg.answer.questions import ROLES, read_period
+from tkg.answer.questions import ORDINALS, ROLES, read_period
 from tkg.core.companies import Company
 from tkg.core.names import company_for_name, fold
 from tkg.extract.figures import segment_patterns
@@ -50,7 +50,6 @@ _TIMELINE_WORDS = re.compile(r"\b(?:timeline|history|succession|all|every|each|l
 _NON_GAAP = re.compile(r"\b(?:non[- ]GAAP|adjusted)\b", re.IGNORECASE)
 _GAAP = re.compile(r"(?<![-\w])GAAP\b")
 
-_ORDINALS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "1st": 1, "2nd": 2, "3rd": 3, "4th": 4}
 _QUARTER = re.compile(
     r"\b(?P<fiscal>fiscal\s+|calendar\s+)?(?:q(?P<q>[1-4])|(?P<ord>first|second|third|fourth|1st|2nd|3rd|4th)[\s-]+"
     r"(?:fiscal\s+)?quarter)(?:\s+(?:of\s+)?(?P<fy>fiscal\s+(?:year\s+)?|fy\s*|calendar\s+)?(?:'?(?P<y2>\d{2})\b|(?P<y4>\d{4})))?",
@@ -136,7 +135,7 @@ def fiscal_period(question: str, company: Company) -> tuple[FiscalPeriod | None,
         notes.append(f"'{found[0]}' is Q{quarter} of {company.ticker}'s fiscal {fiscal_year}")
         return FiscalPeriod(fiscal_year, quarter, found[0]), notes
     if (found := _QUARTER.search(text)) is not None:
-        quarter = int(found["q"]) if found["q"] else _ORDINALS[found["ord"].lower()]
+        quarter = int(found["q"]) if found["q"] else ORDINALS[found["ord"].lower()]
         year = _year(found["y2"], found["y4"])
         if year is None and (other := _CALENDAR_YEAR.search(text[found.end():]) or _CALENDAR_YEAR.search(text)):
             year = int(other[1])
