@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import replace
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import offline_runtime
@@ -123,3 +124,75 @@ def test_models_are_ordered_by_their_dependencies():
     names = [m.name for m in load_models()]
     assert names.index("events") < names.index("facts") < names.index("facts_as_of")
     assert names.index("canonical_entities") < names.index("entity_aliases")
+
+
+# --- incremental publish: the file is updated where the store changed, to the same rows ------------
+
+# Columns that record when a row was written, not what it says.
+_WHEN = {"ingested_at", "recorded_at"}
+
+
+def published_rows(target) -> dict[str, tuple[int, int]]:
+    """Every raw table and view of a published file as (rows, order-independent hash of its rows)."""
+    with duckdb.connect(str(target), read_only=True) as connection:
+        relations = connection.execute(
+            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema IN ('raw', 'main') "
+            "AND table_name NOT IN ('build_info', 'loaded_files', 'sql_models') ORDER BY ALL").fetchall()
+        found = {}
+        for schema, name in relations:
+            columns = ", ".join(f'"{column}"' for (column, *_) in connection.execute(f'DESCRIBE "{schema}"."{name}"').fetchall()
+                                if column not in _WHEN)
+            found[f"{schema}.{name}"] = connection.execute(
+                f'SELECT count(*), sum(hash(({columns}))) FROM (SELECT {columns} FROM "{schema}"."{name}")').fetchall()[0]
+        return found
+
+
+def test_an_incremental_publish_replaces_only_changed_partitions_and_equals_a_fresh_one(sample_home, tmp_path):
+    store_root = tmp_path / "store"
+    shutil.copytree(sample_home / "parquet", store_root / "parquet")
+    store, target = ParquetStore(store_root), tmp_path / "tkg.duckdb"
+    first = publish(store, target, raw_tables())
+    assert not first.incremental and first.summary() == "fresh"
+    # one partition is gone (every stage's file of it), another's statements lost rows, and a
+    # global step rewrote its file with the same rows
+    for stage_folder in (store_root / "parquet").iterdir():
+        shutil.rmtree(stage_folder / "company=QNTX" / "quarter=2024-10-01", ignore_errors=True)
+    statements = store_root / "parquet" / "statements" / "company=HLIO" / "quarter=2024-04-01" / "statements.parquet"
+    table = pq.read_table(statements)
+    pq.write_table(table.slice(0, table.num_rows // 2), statements)
+    relevance = store_root / "parquet" / "fact_relevance" / "fact_relevance.parquet"
+    pq.write_table(pq.read_table(relevance), relevance)
+
+    updated = publish(store, target, raw_tables())
+    assert updated.incremental
+    assert updated.tables["statements"] == "2 partition(s) replaced"
+    assert updated.tables["events"] == "1 partition(s) replaced"
+    assert updated.tables["fact_relevance"] == "reloaded" and updated.tables["canonical_entities"] == "kept"
+    fresh = publish(store, tmp_path / "fresh.duckdb", raw_tables())
+    assert published_rows(target) == published_rows(fresh.path)
+    assert published_rows(target)["raw.statements"][0] == first.raw_rows["statements"] - updated_loss(sample_home, table)
+
+
+def updated_loss(sample_home, halved) -> int:
+    """Statements the change above removed: QNTX's last quarter whole, and half of one HLIO quarter."""
+    gone = pq.read_table(sample_home / "parquet" / "statements" / "company=QNTX" / "quarter=2024-10-01" / "statements.parquet")
+    return gone.num_rows + halved.num_rows - halved.num_rows // 2
+
+
+def test_a_file_of_other_models_or_a_failed_check_is_never_updated_in_place(sample_home, tmp_path):
+    store, target = ParquetStore(sample_home), tmp_path / "tkg.duckdb"
+    publish(store, target, raw_tables())
+    officers = model("officers")
+    other_models = [replace(m, sql=m.sql + "\n") if m.name == "officers" else m for m in load_models()]
+    assert other_models != load_models() and officers.sha256 != other_models[[m.name for m in other_models].index("officers")].sha256
+    assert not publish(store, target, raw_tables(), models=other_models).incremental
+    assert publish(store, target, raw_tables(), models=other_models).incremental
+    before = target.read_bytes()
+
+    def refuse(connection):
+        raise RuntimeError("a blocking check failed")
+
+    with pytest.raises(RuntimeError, match="blocking check"):
+        publish(store, target, raw_tables(), models=other_models, check=refuse)
+    assert target.read_bytes() == before, "the last good file stays as it was"
+    assert not list(tmp_path.glob(".tkg.duckdb.*")), "no temporary files are left behind"

@@ -312,6 +312,9 @@ def _print_counts(path: Path) -> bool:
             table.add_row(name, f"{connection.execute(f'SELECT count(*) FROM {name}').fetchone()[0]:,}")
         invalidated = connection.execute("SELECT count(*) FROM events WHERE invalidated_by IS NOT NULL").fetchone()[0]
         table.add_row("events invalidated", f"{invalidated:,}")
+        how = connection.execute("SELECT value FROM raw.build_info WHERE key = 'publish'").fetchall()
+        if how:
+            table.caption = f"publish: {how[0][0]}"
     console.print(table)
     stamp = published_stamp(path)
     if stamp is not None and stamp.missing:

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from tkg.core.versions import Stamp
-from tkg.store.parquet import ParquetStore
+from tkg.store.parquet import ParquetStore, mtime_ns
 
 MANIFEST = "_manifest/stamps.parquet"
 _SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64()), ("stamp", pa.string())])
@@ -38,12 +38,6 @@ class Listed:
 
     path: str  # relative to the store's root, '/'-separated
     stamp: Stamp | None
-
-
-def _mtime_ns(info: pafs.FileInfo) -> int:
-    if info.mtime_ns is not None:
-        return int(info.mtime_ns)
-    return int(info.mtime.timestamp() * 1e9) if info.mtime is not None else -1
 
 
 def stamped_files(store: ParquetStore, folders: list[str], wanted: Callable[[str], bool] = lambda path: True) -> list[Listed]:
@@ -58,7 +52,7 @@ def stamped_files(store: ParquetStore, folders: list[str], wanted: Callable[[str
             name = info.path.rsplit("/", 1)[-1]
             relative = info.path.removeprefix(prefix)
             if info.type == pafs.FileType.File and name.endswith(".parquet") and not name.startswith(".") and wanted(relative):
-                found[relative] = (int(info.size or 0), _mtime_ns(info))
+                found[relative] = (int(info.size or 0), mtime_ns(info))
     known = _read_manifest(store)
     stamps: dict[str, Stamp | None] = {}
     learned = False
@@ -106,7 +100,7 @@ def _read_manifest(store: ParquetStore) -> dict[str, tuple[int, int, Stamp | Non
     info = store.filesystem.get_file_info(str(path))
     if info.type != pafs.FileType.File:
         return {}
-    identity = (int(info.size or 0), _mtime_ns(info))
+    identity = (int(info.size or 0), mtime_ns(info))
     cached = _LAST_READ.get(str(path))
     if cached is not None and cached[0] == identity:
         return dict(cached[1])

@@ -105,6 +105,13 @@ def open_location(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(Path(uri.removeprefix("file://")).expanduser().resolve())
 
 
+def mtime_ns(info: pafs.FileInfo) -> int:
+    """A listed file's modification time in nanoseconds (-1 when the filesystem gives none)."""
+    if info.mtime_ns is not None:
+        return int(info.mtime_ns)
+    return int(info.mtime.timestamp() * 1e9) if info.mtime is not None else -1
+
+
 def _glob_regex(pattern: str) -> re.Pattern:
     """A glob over '/'-separated paths: `*` within one folder, `**/` across any number."""
     parts = []
@@ -197,17 +204,22 @@ class ParquetStore:
     def files(self, pattern: str) -> list[PurePath]:
         """The files under the Parquet root whose relative path matches `pattern` (a glob:
         `*` within a folder, `**/` across folders), sorted."""
+        return sorted(self.listing(pattern))
+
+    def listing(self, pattern: str) -> dict[PurePath, tuple[int, int]]:
+        """`files(pattern)` with each file's size and modification time (ns), from one listing
+        of the folder before the first wildcard: what tells a rewritten file from an unchanged one."""
         fixed = pattern.split("*", 1)[0].rpartition("/")[0]  # the folder before the first wildcard
         base = self.parquet_root / fixed if fixed else self.parquet_root
         selector = pafs.FileSelector(str(base), recursive=True, allow_not_found=True)
         matcher = _glob_regex(pattern)
         prefix = str(self.parquet_root) + "/"
-        found = []
+        found = {}
         for info in self.filesystem.get_file_info(selector):
             relative = info.path.removeprefix(prefix)
             if info.type == pafs.FileType.File and matcher.match(relative) and not relative.rsplit("/", 1)[-1].startswith("."):
-                found.append(type(self.parquet_root)(info.path))
-        return sorted(found)
+                found[type(self.parquet_root)(info.path)] = (int(info.size or 0), mtime_ns(info))
+        return found
 
     def partition_files(self, asset: str) -> list[PurePath]:
         """Every partition file of a partitioned asset."""

@@ -12,11 +12,13 @@ a temporary copy, and swaps it in with `os.replace`.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 import os
 import re
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
+from datetime import date
+from pathlib import Path, PurePath
 from typing import Callable
 
 import duckdb
@@ -45,9 +47,9 @@ class RawTable:
 WAREHOUSE_VERSION = "warehouse-3"
 
 
-def warehouse_code_version() -> str:
+def warehouse_code_version(models: list[SqlModel] | None = None) -> str:
     """The published file's code version: it covers every SQL model."""
-    return short_version(WAREHOUSE_VERSION, *(model.sha256 for model in load_models()))
+    return short_version(WAREHOUSE_VERSION, *(model.sha256 for model in (load_models() if models is None else models)))
 
 
 @dataclass(frozen=True)
@@ -116,24 +118,94 @@ def load_models(directory: Path | None = None) -> list[SqlModel]:
     return ordered
 
 
-def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable) -> int:
+def _raw_source(store: ParquetStore, raw: RawTable) -> dict[PurePath, tuple[int, int]]:
+    """The files `raw` is loaded from, with their size and modification time."""
     if raw.pattern:
-        files = store.files(raw.pattern)
-    elif raw.file:
-        path = store.global_path(raw.asset, raw.file)
-        files = [path] if store.is_file(path) else []
-    else:
-        files = store.partition_files(raw.asset)
+        return store.listing(raw.pattern)
+    if raw.file:
+        return store.listing(f"{raw.asset}/{raw.file}.parquet")
+    return store.listing(f"{raw.asset}/company=*/quarter=*/{raw.asset}.parquet")
+
+
+def _insert_files(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable, files: list[PurePath],
+                  statement: str) -> None:
+    """Run `statement` ('... {select}') with `{select}` reading `files` with the columns the raw
+    table keeps, matched by name."""
+    source = scan(store, connection, files)
+    source.create_view("source", replace=True)
+    columns = f"* EXCLUDE ({', '.join(raw.dropped)})" if raw.dropped else "*"
+    connection.execute(statement.format(select=f"SELECT {columns} FROM source"))
+    connection.execute("DROP VIEW source")
+
+
+def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable, files: list[PurePath]) -> None:
     # The table has every column of today's schema, in its order: columns that files written by
     # an older tkg lack are NULL there, and a view over the table never misses one.
-    empty = raw.schema.empty_table()  # noqa: F841 (read by name in the SQL below)
+    connection.register("empty", raw.schema.empty_table())
+    create = f"CREATE OR REPLACE TABLE raw.{raw.name} AS SELECT * FROM empty"
     if files:
-        source = scan(store, connection, files)  # noqa: F841
-        columns = f"* EXCLUDE ({', '.join(raw.dropped)})" if raw.dropped else "*"
-        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty UNION ALL BY NAME SELECT {columns} FROM source")
+        _insert_files(connection, store, raw, files, create + " UNION ALL BY NAME {select}")
     else:
-        connection.execute(f"CREATE TABLE raw.{raw.name} AS SELECT * FROM empty")
-    return connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchall()[0][0]
+        connection.execute(create)
+    connection.unregister("empty")
+
+
+_PARTITION = re.compile(r"/company=([^/]+)/quarter=(\d{4}-\d{2}-\d{2})/")
+
+
+def _partition_of(path: str) -> tuple[str, str]:
+    found = _PARTITION.search(path)
+    if found is None:
+        raise ValueError(f"{path} is not in a company=/quarter= folder")
+    return found[1], found[2]
+
+
+def _same_columns(connection: duckdb.DuckDBPyConnection, raw: RawTable) -> bool:
+    """Whether the published table has exactly the columns, and types, of today's schema."""
+    def columns(relation: str) -> list[tuple[str, str]]:
+        return [(row[0], row[1]) for row in connection.execute(f"DESCRIBE {relation}").fetchall()]
+
+    connection.register("expected", raw.schema.empty_table())
+    try:
+        return columns(f"raw.{raw.name}") == columns("expected")
+    except duckdb.CatalogException:  # not published yet
+        return False
+    finally:
+        connection.unregister("expected")
+
+
+def _update_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable,
+                now: dict[str, tuple[int, int]], before: dict[str, tuple[int, int]]) -> str:
+    """Bring one raw table of a copied file up to the store: what was done, in a few words."""
+    if now == before and _same_columns(connection, raw):
+        return "kept"
+    changed = sorted(path for path, identity in now.items() if before.get(path) != identity)
+    gone = sorted(set(before) - set(now))
+    partitioned = raw.file is None and raw.pattern is None
+    touched = {_partition_of(path) for path in (*changed, *gone)} if partitioned else set()
+    if not partitioned or not _same_columns(connection, raw) or len(touched) * 2 > max(len(now), 1):
+        _load_raw(connection, store, raw, [_absolute(store, path) for path in sorted(now)])
+        return "reloaded"
+    connection.register("touched", pa.table({"company": [c for c, _ in sorted(touched)],
+                                             "quarter": [date.fromisoformat(q) for _, q in sorted(touched)]}))
+    connection.execute(f"DELETE FROM raw.{raw.name} AS t USING touched AS p WHERE t.company = p.company AND t.quarter = p.quarter")
+    connection.unregister("touched")
+    rebuilt = [_absolute(store, path) for path in sorted(now) if _partition_of(path) in touched]
+    if rebuilt:
+        try:
+            _insert_files(connection, store, raw, rebuilt, f"INSERT INTO raw.{raw.name} BY NAME {{select}}")
+        except duckdb.BinderException:  # files with columns the table lacks: loaded whole, as fresh
+            _load_raw(connection, store, raw, [_absolute(store, path) for path in sorted(now)])
+            return "reloaded"
+    return f"{len(touched)} partition(s) replaced"
+
+
+def _absolute(store: ParquetStore, relative: str) -> PurePath:
+    return store.parquet_root / relative
+
+
+def _relative(store: ParquetStore, path: PurePath) -> str:
+    return str(path).removeprefix(str(store.parquet_root) + "/")
 
 
 def register_raw(connection: duckdb.DuckDBPyConnection, raw_tables: dict[str, pa.Table]) -> None:
@@ -172,6 +244,15 @@ class PublishResult:
     models: list[str] = field(default_factory=list)
     size_bytes: int = 0
     stamp: Stamp | None = None
+    incremental: bool = False  # updated from a copy of the last file rather than built fresh
+    tables: dict[str, str] = field(default_factory=dict)  # what was done to each raw table
+
+    def summary(self) -> str:
+        """How the file was made, in a line: 'fresh', or what an incremental publish changed."""
+        if not self.incremental:
+            return "fresh"
+        done = Counter(what if what in ("kept", "reloaded") else "updated" for what in self.tables.values())
+        return f"incremental: {done['updated']} table(s) updated by partition, {done['reloaded']} reloaded, {done['kept']} kept"
 
 
 def _swap_in(temporary: Path, target: Path) -> None:
@@ -198,11 +279,41 @@ def published_stamp(target: Path) -> Stamp | None:
     return Stamp.from_json(row[0]) if row else None
 
 
+# What each raw table was loaded from: the next publish compares it with the store.
+LOADED_FILES = pa.schema([("table_name", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64())])
+# A copied file whose free space passes this share is built fresh instead (replaced rows leave
+# free blocks behind; DuckDB reuses them, but a file rebuilt now and then stays compact).
+MAX_FREE_SHARE = 1 / 3
+
+
+def _loaded_files(target: Path, code_version: str) -> dict[str, dict[str, tuple[int, int]]] | None:
+    """What the published file's raw tables were loaded from, or None when it cannot be updated
+    in place: absent, unreadable, published by other SQL models or another tkg, or too sparse."""
+    if not target.exists():
+        return None
+    try:
+        with duckdb.connect(str(target), read_only=True) as connection:
+            published = connection.execute("SELECT value FROM raw.build_info WHERE key = 'code_version'").fetchone()
+            if published is None or published[0] != code_version:
+                return None
+            total, free = connection.execute("SELECT total_blocks, free_blocks FROM pragma_database_size()").fetchone()
+            if total and free / total > MAX_FREE_SHARE:
+                return None
+            rows = connection.execute("SELECT table_name, path, size, mtime_ns FROM raw.loaded_files").fetchall()
+    except duckdb.Error:
+        return None
+    loaded: dict[str, dict[str, tuple[int, int]]] = {}
+    for table, path, size, mtime in rows:
+        loaded.setdefault(table, {})[path] = (size, mtime)
+    return loaded
+
+
 def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], models: list[SqlModel] | None = None,
             stamp: Stamp | None = None, check: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
-            info: dict[str, str] | None = None, memory_limit: str | None = None) -> PublishResult:
-    """Build a fresh warehouse file from the Parquet tree (`raw_tables`, the stage catalog's) and
-    swap it onto `target`.
+            info: dict[str, str] | None = None, memory_limit: str | None = None, fresh: bool = False) -> PublishResult:
+    """Publish the Parquet tree (`raw_tables`, the stage catalog's) and every model onto `target`:
+    from a copy of the last published file, updated where the store changed since (see the
+    module's docstring), or a fresh file when that cannot be done or `fresh` asks for it.
 
     `info` adds rows to `raw.build_info` (e.g. `embedder`: what the statement vectors are, so a
     query embeds questions in the same space).
@@ -213,20 +324,38 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
     target = Path(target).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     models = load_models() if models is None else models
+    code_version = warehouse_code_version(models)
+    sources = {raw.name: {_relative(store, path): identity for path, identity in _raw_source(store, raw).items()}
+               for raw in raw_tables}
+    before = None if fresh else _loaded_files(target, code_version)
     temporary = temporary_path(target, ".building")
-    result = PublishResult(path=target, stamp=stamp)
+    result = PublishResult(path=target, stamp=stamp, incremental=before is not None)
     try:
+        if before is not None:
+            shutil.copyfile(target, temporary)
         config = {**STORAGE_COMPATIBILITY, **({"memory_limit": memory_limit} if memory_limit else {})}
         with duckdb.connect(str(temporary), config=config) as connection:
-            connection.execute("CREATE SCHEMA raw")
-            connection.execute("CREATE TABLE raw.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
-            if stamp is not None:
-                connection.execute("INSERT INTO raw.build_info VALUES ('stamp', ?)", [stamp.to_json()])
-            for key, value in (info or {}).items():
-                connection.execute("INSERT INTO raw.build_info VALUES (?, ?)", [key, value])
-            connection.execute("CREATE TABLE raw.sql_models (name VARCHAR PRIMARY KEY, sql_sha256 VARCHAR, description VARCHAR)")
+            if before is None:
+                connection.execute("CREATE SCHEMA raw")
+                connection.execute("CREATE TABLE raw.sql_models (name VARCHAR PRIMARY KEY, sql_sha256 VARCHAR, description VARCHAR)")
+            connection.execute("CREATE OR REPLACE TABLE raw.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
+            build_info = {"code_version": code_version, **({"stamp": stamp.to_json()} if stamp is not None else {}), **(info or {})}
+            connection.executemany("INSERT INTO raw.build_info VALUES (?, ?)", list(build_info.items()))
             for raw in raw_tables:
-                result.raw_rows[raw.name] = _load_raw(connection, store, raw)
+                if before is None:
+                    _load_raw(connection, store, raw, [_absolute(store, path) for path in sorted(sources[raw.name])])
+                    result.tables[raw.name] = "loaded"
+                else:
+                    result.tables[raw.name] = _update_raw(connection, store, raw, sources[raw.name], before.get(raw.name, {}))
+                result.raw_rows[raw.name] = connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchall()[0][0]
+            for table in sorted(set(before or {}) - set(sources)):  # a table tkg no longer publishes
+                connection.execute(f"DROP TABLE IF EXISTS raw.{table}")
+            connection.execute("INSERT INTO raw.build_info VALUES ('publish', ?)", [result.summary()])
+            connection.register("loaded", pa.Table.from_pylist(
+                [{"table_name": name, "path": path, "size": size, "mtime_ns": mtime}
+                 for name, files in sources.items() for path, (size, mtime) in files.items()], schema=LOADED_FILES))
+            connection.execute("CREATE OR REPLACE TABLE raw.loaded_files AS SELECT * FROM loaded")
+            connection.unregister("loaded")
             for model in models:
                 apply_model(connection, model)
                 result.models.append(model.name)

@@ -65,7 +65,8 @@ def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage, source: Tr
         raise dg.Failure(description=str(failure)) from None
     share_warehouse(settings)
     metadata = {"path": dg.MetadataValue.path(str(published.path)), "size_bytes": published.size_bytes,
-                "raw_rows": dg.MetadataValue.json(published.raw_rows), "models": ", ".join(published.models)}
+                "raw_rows": dg.MetadataValue.json(published.raw_rows), "models": ", ".join(published.models),
+                "publish": published.summary(), "raw_tables": dg.MetadataValue.json(published.tables)}
     growth = _growth_markdown(context, published.path)
     if growth is not None:
         metadata["growth"] = growth
