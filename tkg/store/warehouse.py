@@ -131,11 +131,9 @@ def _insert_files(connection: duckdb.DuckDBPyConnection, store: ParquetStore, ra
                   statement: str) -> None:
     """Run `statement` ('... {select}') with `{select}` reading `files` with the columns the raw
     table keeps, matched by name."""
-    source = scan(store, connection, files)
-    source.create_view("source", replace=True)
+    source = scan(store, connection, files)  # noqa: F841 (read by name in the SQL below: a relation, or an object store's dataset)
     columns = f"* EXCLUDE ({', '.join(raw.dropped)})" if raw.dropped else "*"
     connection.execute(statement.format(select=f"SELECT {columns} FROM source"))
-    connection.execute("DROP VIEW source")
 
 
 def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable, files: list[PurePath]) -> None:
