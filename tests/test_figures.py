@@ -434,6 +434,20 @@ GOOGL_Q3_16_GAAP = ("GAAP operating expenses were $8 billion in the quarter, up 
                               ("revenue", None, None, "reported", 2015, 4, 1.07e11, None, None)]),
     (_context("AMZN", "2016-07-28", "Q2 2016", 12), "", "Excluding the $184 million year-over-year favorable foreign exchange impact, "
      "revenue growth was 28%.", []),
+    # growth over an earlier quarter of the same year is sequential: the level stays, the growth gives no row
+    (_context("AMD", "2019-07-30", "Q2 2019", 12), "", "Second quarter revenue of $1.53 billion grew 20% over the first quarter.",
+     [("revenue", None, None, "reported", 2019, 2, 1.53e9, None, None)]),
+    # a year before the metric names the period: the full year, not the next quarter
+    (_context("INTC", "2020-01-23", "Q4 2019", 12), "", "Intel expect 2020 CapEx of approximately $17 billion.",
+     [("capex", None, None, "guidance", 2020, None, 1.7e10, None, None)]),
+    # a basis stated by a later subject ('and non-GAAP was 61%') is not the first amount's
+    (_context("NVDA", "2018-11-15", "Q3 2019", 1), "", "Q3 gross margins was 60.4% and non-GAAP was 61%, below our outlook due to "
+     "the $57 million charge for prior architecture components and chips following the sharp falloff in crypto demand.",
+     [("gross_margin", None, None, "reported", 2019, 3, 60.4, None, None), ("gross_margin", None, "non-GAAP", "reported", 2019, 3, 61.0, None, None)]),
+    # a sentence opening with its basis states it for the income figures of its later clauses
+    (_context("NVDA", "2017-11-09", "Q3 2018", 1), "", "Non-GAAP net income was $833 million, and EPS was $1.33, up 46% and 41%, "
+     "respectively from a year earlier, reflecting revenue strength as well as gross margin and operating margin expansion.",
+     [("net_income", None, "non-GAAP", "reported", 2018, 3, 8.33e8, None, None), ("eps", None, "non-GAAP", "reported", 2018, 3, 1.33, None, None)]),
 ])
 def test_product_lines_parent_margins_losses_and_year_headings(context, scope, sentence, expected):
     """Kinds of misfiled figures found reading the full-corpus `metrics` (issue 25), each from a real sentence."""

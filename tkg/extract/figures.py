@@ -141,6 +141,9 @@ _AFTER_TRAP = re.compile(
     r"^\W{0,3}(?:(?:a |per )(?:diluted )?share,?\s+)?(?:(?:\w+\W+){0,2}?(?:run[- ]rate|headwinds?|tailwinds?|impact|in backlog|of backlog)|a year ago|last year|level\b|"
     r"in the (?:prior|previous|year-ago|same)|in constant currency|sequentially|(?:mark|milestone|threshold)\b|on a sequential|attributable|related to|due to|"
     r"associated with|(?:from|over|versus|vs\.?|compared (?:to|with)) (?:the )?(?:previous|prior|last|preceding|year-ago) quarter|"
+    # 'grew 20% over the first quarter': sequential, unless a year names the quarter compared with
+    r"(?:from|over|versus|vs\.?|compared (?:to|with)) (?:the |our )?(?:(?:first|second|third|fourth)(?: fiscal)? quarter\b"
+    r"(?! (?:of |in |fiscal |FY)?'?\d)|Q[1-4]\b(?!\s*(?:FY|fiscal)?\s*'?\d))|"
     r"quarter[- ]over[- ]quarter|q/q|QoQ|from (?:our|the) (?:previous|prior|last|original|earlier) (?:guid\w*|outlook|forecast|expectations?)|"
     r"respectively)",
     re.IGNORECASE,
@@ -366,6 +369,12 @@ _CONSTANT_CURRENCY_OPENER = re.compile(r"^\W*(?:in|on an?|at) (?:fixed|constant)
 _BASIS_PHRASE = re.compile(r"\b(?:on an? |in )(non[- ]GAAP|GAAP)\s+(?:basis|terms)\b|^\W*(non[- ]GAAP|GAAP)\s*[:,-]", re.IGNORECASE)
 
 
+# A sentence opening with its basis ('Non-GAAP net income was $833 million, and EPS was $1.33') states it
+# for the income figures of its later clauses; revenue rarely has a basis of its own.
+_LEADING_BASIS = re.compile(r"^\W*(?:(?:Q[1-4]|the|our|and)\s+)?(non[- ]GAAP|GAAP)\s+(?!basis)", re.IGNORECASE)
+_REVENUE_LIKE = frozenset({"revenue", "segment_revenue", "revenue_growth", "capex"})
+
+
 def _stated_basis(text: str) -> str | None:
     """The basis the last basis phrase of `text` states, if any."""
     found = list(_BASIS_PHRASE.finditer(text))
@@ -391,7 +400,8 @@ _PERIOD_AFTER = re.compile(r"(?:the\s+|this\s+|that\s+)?(?:quarter|year|period|f
                            r"(?:an?\s+|the\s+)?(?:range|line|amount|neighborhood|ballpark|area|mid|high|low|upper|lower)\b)", re.IGNORECASE)
 _BARE_YEAR = re.compile(r"\b(?:in|for|of|during|calendar|year)\s+(20\d\d)\b(?!\s*(?:and|to|-)\s*20)|"
                         # '2019 revenue was $6.73 billion': the year names the figure's period
-                        r"(?:^|[.;:]\s*|\b(?:our|the|full|total|fiscal)\s+)(20\d\d)\s+(?=(?:[\w-]+\s+){0,2}?(?:revenues?|sales|"
+                        # ('Intel expect 2020 CapEx of approximately $17 billion')
+                        r"(?:^|[.;:]\s*|(?<![$€£¥\d.,])\b(?=20\d\d\s))(20\d\d)\s+(?=(?:[\w-]+\s+){0,2}?(?:revenues?|sales|"
                         r"gross margin|operating|net income|earnings|EPS|free cash flow|capital|capex)\b)", re.IGNORECASE)
 _ANNUAL = re.compile(r"\b(?:annual|for the year)\b", re.IGNORECASE)
 _RANGE_WORDS = re.compile(r"\b(?:rang(?:e|ing) from|in the range of)\s*$", re.IGNORECASE)
@@ -693,8 +703,12 @@ class FigureParser:
             reported_year = self.resolver.reported[1] if self.resolver.reported else publication.year
             if year > reported_year + 1 or _LONG_TERM.search(clause):
                 return None  # a long-term target, not guidance for a period
-        basis = (_basis(clause[:amount.start], last=True) or _basis(clause[amount.end:], last=False)
-                 or _stated_basis(period_texts[-1]) or section.basis)
+        # after the amount, not what a new subject states: 'gross margins was 60.4% and non-GAAP was 61%'
+        after = re.split(r"\b(?:and|while|but|whereas|with)\s+(?:the\s+)?(?:non[- ]GAAP|GAAP)\b", clause[amount.end:], maxsplit=1,
+                         flags=re.IGNORECASE)[0]
+        leading = _LEADING_BASIS.match(period_texts[-1]) if metric not in _REVENUE_LIKE else None
+        basis = (_basis(clause[:amount.start], last=True) or _basis(after, last=False) or _stated_basis(period_texts[-1])
+                 or (("GAAP" if leading[1].upper() == "GAAP" else "non-GAAP") if leading else None) or section.basis)
         unit = "percent" if amount.unit == "percent" else f"{amount.unit}/share" if metric == "eps" else amount.unit
         return RawFigure(metric=metric, segment=segment, basis=basis, kind=kind, fiscal_year=year, fiscal_quarter=quarter,
                          value=float(amount.value), low=None if amount.low is None else float(amount.low),
