@@ -448,6 +448,19 @@ GOOGL_Q3_16_GAAP = ("GAAP operating expenses were $8 billion in the quarter, up 
     (_context("NVDA", "2017-11-09", "Q3 2018", 1), "", "Non-GAAP net income was $833 million, and EPS was $1.33, up 46% and 41%, "
      "respectively from a year earlier, reflecting revenue strength as well as gross margin and operating margin expansion.",
      [("net_income", None, "non-GAAP", "reported", 2018, 3, 8.33e8, None, None), ("eps", None, "non-GAAP", "reported", 2018, 3, 1.33, None, None)]),
+    # a segment's name written without its punctuation is still that segment, not the smaller one inside it
+    (_context("AMD", "2017-01-31", "Q4 2016", 12), "", "Enterprise embedded and semi-custom revenue was $506 million, up 4% year "
+     "over year and down 39% from the prior quarter, primarily due to lower sales of our semi-custom SoCs.",
+     [("segment_revenue", "Enterprise, Embedded and Semi-Custom", None, "reported", 2016, 4, 5.06e8, None, None),
+      ("revenue_growth", "Enterprise, Embedded and Semi-Custom", None, "reported", 2016, 4, 4.0, None, None)]),
+    # what a figure would have been is not what it was
+    (_context("ASML", "2020-07-15", "Q2 2020", 12), "", "Taking into account the additional approximately EUR 260 million of revenue "
+     "from the net 2 systems we didn't recognize in Q2, this would hypothetically have resulted in revenue of around EUR 3.6 billion "
+     "and a growth of around 50%.", []),
+    # 'from a GAAP perspective' states the basis for the sentence's figures
+    (_context("CSCO", "2020-02-12", "Q2 2020", 7), "", "In terms of the bottom line, from a GAAP perspective, Q2 net income was $2.9 "
+     "billion, and EPS was $0.68.", [("net_income", None, "GAAP", "reported", 2020, 2, 2.9e9, None, None),
+                                     ("eps", None, "GAAP", "reported", 2020, 2, 0.68, None, None)]),
 ])
 def test_product_lines_parent_margins_losses_and_year_headings(context, scope, sentence, expected):
     """Kinds of misfiled figures found reading the full-corpus `metrics` (issue 25), each from a real sentence."""

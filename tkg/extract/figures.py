@@ -164,6 +164,10 @@ _OTHER_AFTER = re.compile(
 # Something else the amount is 'of' or 'in': '$33.1 billion in operating cash flow', '$2 billion of buybacks'.
 _AMOUNT_OF_OTHER = re.compile(r"^\s+(?:in|of|for|from|on)\s+(?!(?:the |our |its |fiscal |FY|Q[1-4]|\d|first|second|third|fourth|"
                               r"full|this|next|each|revenue|sales|net sales|the quarter|the year))\w", re.IGNORECASE)
+# Before an amount in its clause: what the figure would have been ('this would hypothetically have
+# resulted in revenue of around EUR 3.6 billion'), not what it was.
+_HYPOTHETICAL = re.compile(r"\b(?:would|could) (?:\w+ )?have (?:been|resulted|come|reached|grown|increased|decreased|declined)\b|"
+                           r"\bhypothetical(?:ly)?\b", re.IGNORECASE)
 _LONG_TERM = re.compile(r"\b(?:by|through) (?:fiscal |FY\s?)?20\d\d\b(?! (?:and|to) )|\bover the next (?:few|two|three|four|five|\d+) years\b",
                         re.IGNORECASE)
 _PER_SHARE = re.compile(r"^\s*(?:a|per)\s+(?:diluted\s+|basic\s+)?share\b", re.IGNORECASE)
@@ -245,7 +249,9 @@ def segment_patterns(segments: dict[str, tuple[str, ...]]) -> tuple[Segment, ...
     found = []
     for name, aliases in segments.items():
         words = sorted({name, *aliases}, key=len, reverse=True)
-        found.append(Segment(name, re.compile(r"\b(?:" + "|".join(re.escape(w) for w in words) + r")\b", re.IGNORECASE)))
+        # punctuation is not part of a name: 'Enterprise embedded and semi-custom' is 'Enterprise, Embedded and Semi-Custom'
+        spelled = (re.escape(word).replace(",\\ ", ",?\\s+").replace("\\ ", "\\s+") for word in words)
+        found.append(Segment(name, re.compile(r"\b(?:" + "|".join(spelled) + r")\b", re.IGNORECASE)))
     return tuple(found)
 
 
@@ -366,7 +372,7 @@ _DIGIT = re.compile(r"\d")
 _CONSTANT_CURRENCY_OPENER = re.compile(r"^\W*(?:in|on an?|at) (?:fixed|constant)[- ](?:FX|currency|exchange[- ]rates?)(?: terms| basis)?\W*$",
                                        re.IGNORECASE)
 # A basis stated for what follows: 'On a non-GAAP basis, ...', 'In GAAP terms, ...', 'Non-GAAP:'.
-_BASIS_PHRASE = re.compile(r"\b(?:on an? |in )(non[- ]GAAP|GAAP)\s+(?:basis|terms)\b|^\W*(non[- ]GAAP|GAAP)\s*[:,-]", re.IGNORECASE)
+_BASIS_PHRASE = re.compile(r"\b(?:on an? |in |from an? )(non[- ]GAAP|GAAP)\s+(?:basis|terms|perspective)\b|^\W*(non[- ]GAAP|GAAP)\s*[:,-]", re.IGNORECASE)
 
 
 # A sentence opening with its basis ('Non-GAAP net income was $833 million, and EPS was $1.33') states it
@@ -540,6 +546,8 @@ class FigureParser:
                 or _DIFFERENCE_AFTER.search(after)
                 or (_OTHER_AFTER.search(after) and not (amount.unit == "percent" and _PERCENT_OF_REVENUE.search(after)))
                 or _BOTH_BASES.search(clause)):
+            return None
+        if _HYPOTHETICAL.search(clause[:amount.start]):
             return None
         if len(between) > 90 or (METRIC_WORDS.search(between) and metric != "eps"):
             return None  # too far from its metric, or another metric stands between them
