@@ -1,6 +1,6 @@
 """How trustworthy `metrics` is on a built tkg.duckdb, by the two numbers of issue 25.
 
-    python benchmarks/metrics_quality.py --home DIR [--conflicts N] [--sample N --seed S]
+    python benchmarks/metrics_quality.py --home DIR [--conflicts N] [--sample N --seed S] [--out FILE.json]
 
 - conflict rate: reported keys (company, metric, segment, basis, fiscal_year, fiscal_quarter,
   call_date) with two or more distinct (value, low, high), over all reported keys; a key with
@@ -9,12 +9,15 @@
   row, with `invalid_at` null, over all such guidance rows.
 
 `--conflicts N` prints N conflicting keys with each value's statement, `--sample N` a seeded
-random sample of N rows beside their statements, for reading by hand.
+random sample of N rows beside their statements, for reading by hand; `--out` writes the two
+numbers (and the load average) to a JSON file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -57,6 +60,7 @@ def main() -> int:
     parser.add_argument("--conflicts", type=int, default=0, help="print this many conflicting keys with their statements")
     parser.add_argument("--sample", type=int, default=0, help="print this many random metrics rows with their statements")
     parser.add_argument("--seed", type=int, default=25)
+    parser.add_argument("--out", type=Path, help="write the numbers to this JSON file")
     options = parser.parse_args()
     database = options.home / "tkg.duckdb"
     if not database.exists():
@@ -69,6 +73,10 @@ def main() -> int:
     print(f"metrics rows: {rows}")
     print(f"conflict rate: {conflicts}/{keys} = {conflicts / max(keys, 1):.1%}")
     print(f"open guidance: {open_rows}/{closed} = {open_rows / max(closed, 1):.1%}")
+    if options.out:
+        options.out.write_text(json.dumps({"home": str(options.home), "metrics_rows": rows, "conflicting_keys": conflicts,
+                                           "reported_keys": keys, "open_guidance": open_rows, "guidance_with_results": closed,
+                                           "load_average": os.getloadavg()}, indent=2) + "\n")
     if options.conflicts:
         conflicting = connection.execute(
             f"SELECT {KEY} FROM metrics WHERE kind = 'reported' GROUP BY {KEY} HAVING count(DISTINCT (value, low, high)) >= 2 "
