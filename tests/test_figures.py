@@ -461,6 +461,11 @@ GOOGL_Q3_16_GAAP = ("GAAP operating expenses were $8 billion in the quarter, up 
     (_context("CSCO", "2020-02-12", "Q2 2020", 7), "", "In terms of the bottom line, from a GAAP perspective, Q2 net income was $2.9 "
      "billion, and EPS was $0.68.", [("net_income", None, "GAAP", "reported", 2020, 2, 2.9e9, None, None),
                                      ("eps", None, "GAAP", "reported", 2020, 2, 0.68, None, None)]),
+    # a basis after an alternative amount is that amount's ('or 19% excluding Wind River')
+    (_context("INTC", "2018-10-25", "Q3 2018", 12), "", "Intel's Internet of Things business achieved record revenue of $919 million "
+     "on broad business strength, up 8% or 19% excluding Wind River.",
+     # (the level, '$919 million on broad business strength', is read as an amount of something else: a known miss)
+     [("revenue_growth", "Internet of Things Group", None, "reported", 2018, 3, 8.0, None, None)]),
 ])
 def test_product_lines_parent_margins_losses_and_year_headings(context, scope, sentence, expected):
     """Kinds of misfiled figures found reading the full-corpus `metrics` (issue 25), each from a real sentence."""

@@ -712,8 +712,9 @@ class FigureParser:
             if year > reported_year + 1 or _LONG_TERM.search(clause):
                 return None  # a long-term target, not guidance for a period
         # after the amount, not what a new subject states: 'gross margins was 60.4% and non-GAAP was 61%'
-        after = re.split(r"\b(?:and|while|but|whereas|with)\s+(?:the\s+)?(?:non[- ]GAAP|GAAP)\b", clause[amount.end:], maxsplit=1,
-                         flags=re.IGNORECASE)[0]
+        # nor an alternative amount's ('up 8% or 19% excluding Wind River')
+        after = re.split(r"\b(?:and|while|but|whereas|with)\s+(?:the\s+)?(?:non[- ]GAAP|GAAP)\b|\bor\s+(?:approximately\s+)?[$€£¥\d]",
+                         clause[amount.end:], maxsplit=1, flags=re.IGNORECASE)[0]
         leading = _LEADING_BASIS.match(period_texts[-1]) if metric not in _REVENUE_LIKE else None
         basis = (_basis(clause[:amount.start], last=True) or _basis(after, last=False) or _stated_basis(period_texts[-1])
                  or (("GAAP" if leading[1].upper() == "GAAP" else "non-GAAP") if leading else None) or section.basis)
