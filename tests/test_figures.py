@@ -374,3 +374,99 @@ def test_metrics_history_does_not_depend_on_build_order(tmp_path, sample_home):
         run_tkg(piecewise, "build", "--company", company, *(("--since", since) if since else ()), check=True)
     assert history(piecewise) == history(sample_home)
     assert len(history(sample_home)) > 40
+
+
+MSFT_Q1_FY19 = _context("MSFT", "2018-10-24", "Q1 2019", 6)
+GOOGL_Q3_16 = _context("GOOGL", "2016-10-27", "Q3 2016", 12)
+GOOGL_Q3_16_GAAP = ("GAAP operating expenses were $8 billion in the quarter, up 15% year over year. Non-GAAP operating expenses "
+                    "were $6.5 billion, up 13% year over year. On a GAAP basis, operating income was $5.8 billion, up 22% versus last year. ")
+
+
+@pytest.mark.parametrize("context, scope, sentence, expected", [
+    # a product line inside a registry segment is not the segment: no row ...
+    (_context("MSFT", "2017-07-20", "Q4 2017", 6), "", "Office 365 commercial revenue grew 43% and 44% in constant currency, with "
+     "continued install base growth across all workloads, ARPU expansion and emerging E5 momentum.", []),
+    (MSFT_Q1_FY19, "", "Xbox software and services revenue grew 36% with continued strength from a third-party title.", []),
+    (_context("MSFT", "2018-04-26", "Q3 2018", 6), "", "OEM Pro revenue grew 11%, in line with a strong commercial PC market.", []),
+    (_context("AAPL", "2018-07-31", "Q3 2018", 9), "", "Cloud Services revenue up over 50% YoverY.", []),
+    # ... while the segment's own figure stays, beside a product named after it ('Dynamics 365')
+    (_context("MSFT", "2017-07-20", "Q4 2017", 6), "", "Office commercial revenue increased 5% and 6% in constant currency.",
+     [("revenue_growth", "Office Commercial", None, "reported", 2017, 4, 5.0, None, None)]),
+    (_context("MSFT", "2019-10-23", "Q1 2020", 6), "", "Dynamics revenue grew 14% and 16% in constant currency driven by Dynamics 365 "
+     "revenue growth of 41% and 44% in constant currency.", [("revenue_growth", "Dynamics", None, "reported", 2020, 1, 14.0, None, None)]),
+    (_context("AMD", "2019-01-29", "Q4 2018", 12), "", "Computing and Graphics segment revenue was $986 million, down 28% year-over-year.",
+     [("segment_revenue", "Computing and Graphics", None, "reported", 2018, 4, 9.86e8, None, None)]),
+    # a line named by two segments' words ('Network' + 'advertising') is neither's total
+    (_context("GOOGL", "2020-04-28", "Q1 2020", 12), "", "Network advertising revenues were $5.2 billion, up 4% year-on-year, with "
+     "healthy year-on-year growth for the first 2 months of the quarter.", []),
+    # a segment named well before its figure in a long sentence is still the figure's
+    (MSFT_Q1_FY17, "", "This quarter, our Productivity and Business Processes segment delivered results above our expectations, "
+     "with approximately $6.7 billion in revenue, an increase of 6% and 8% in constant currency.",
+     [("revenue_growth", "Productivity and Business Processes", None, "reported", 2017, 1, 6.0, None, None)]),
+    (_context("INTC", "2018-07-26", "Q2 2018", 12), "", "Finally, the Client Computing Group continued to execute on all fronts with "
+     "another outstanding quarter, generating $8.7 billion of revenue, up 6%.",
+     [("revenue_growth", "Client Computing Group", None, "reported", 2018, 2, 6.0, None, None)]),
+    # a margin is the ratio of the income stated before it: a subsidiary's (Google's under Alphabet) gives no row ...
+    (_context("GOOGL", "2020-07-30", "Q2 2020", 12), "", "Google operating income was $7.6 billion, down 26% versus last year, and the "
+     "operating margin was 20%.", []),
+    # ... and the income's basis is the margin's, over the paragraph's stated basis
+    (GOOGL_Q3_16, GOOGL_Q3_16_GAAP, "The operating margin was 26%.", [("operating_margin", None, "GAAP", "reported", 2016, 3, 26.0, None, None)]),
+    (GOOGL_Q3_16, GOOGL_Q3_16_GAAP + "The operating margin was 26%. Non-GAAP operating income was $7.6 billion, up 24% versus last year. ",
+     "The operating margin was 34%.", [("operating_margin", None, "non-GAAP", "reported", 2016, 3, 34.0, None, None)]),
+    # a loss named by its metric is negative, as 'a net loss of $48 million' is
+    (_context("MU", "2016-03-30", "Q2 2016", 8), "", "The non-GAAP net loss for the second quarter was $48 million, or $0.05 per share, "
+     "at the favorable end of our guided range.", [("net_income", None, "non-GAAP", "reported", 2016, 2, -4.8e7, None, None),
+                                                   ("eps", None, "non-GAAP", "reported", 2016, 2, -0.05, None, None)]),
+    # growth over a span of years is no fiscal period's
+    (_context("INTC", "2016-04-19", "Q1 2016", 12), "", "From 2013 to 2015 the PC TAM declined 10%, yet Intel's revenue "
+     "grew 5%, and our operating profit grew 14% over this horizon.", []),
+    # a threshold crossed is not the figure
+    (_context("NVDA", "2016-11-10", "Q3 2017", 1), "", "Gaming revenue crossed the $1 billion mark and increased 63% year on year to a "
+     "record $1.24 billion fueled by our Pascal-based GPUs.", [("segment_revenue", "Gaming", None, "reported", 2017, 3, 1.24e9, None, None)]),
+    # at a fourth-quarter call, a sentence looking back on the year heads the full-year figures under it
+    (_context("INTC", "2018-01-25", "Q4 2017", 12), "This transaction both lowered our leverage and our interest expense. Adding it all "
+     "up, 2017 was another record year for Intel. ", "Revenue of $62.8 billion was up 9% year-over-year, driven by 16% growth in our "
+     "data-centric businesses and 3% growth in PC-centric business.",
+     [("revenue", None, None, "reported", 2017, None, 62.8e9, None, None), ("revenue_growth", None, None, "reported", 2017, None, 9.0, None, None)]),
+    # growth excluding currency moves is no basis, and an opener excluding them restates the sentence: no row
+    (_context("AMZN", "2016-01-28", "Q4 2015", 12), "", "Revenue increased 20% to $107 billion, or 26% excluding year-over-year changes "
+     "in foreign exchange.", [("revenue_growth", None, None, "reported", 2015, 4, 20.0, None, None),
+                              ("revenue", None, None, "reported", 2015, 4, 1.07e11, None, None)]),
+    (_context("AMZN", "2016-07-28", "Q2 2016", 12), "", "Excluding the $184 million year-over-year favorable foreign exchange impact, "
+     "revenue growth was 28%.", []),
+    # growth over an earlier quarter of the same year is sequential: the level stays, the growth gives no row
+    (_context("AMD", "2019-07-30", "Q2 2019", 12), "", "Second quarter revenue of $1.53 billion grew 20% over the first quarter.",
+     [("revenue", None, None, "reported", 2019, 2, 1.53e9, None, None)]),
+    # a year before the metric names the period: the full year, not the next quarter
+    (_context("INTC", "2020-01-23", "Q4 2019", 12), "", "Intel expect 2020 CapEx of approximately $17 billion.",
+     [("capex", None, None, "guidance", 2020, None, 1.7e10, None, None)]),
+    # a basis stated by a later subject ('and non-GAAP was 61%') is not the first amount's
+    (_context("NVDA", "2018-11-15", "Q3 2019", 1), "", "Q3 gross margins was 60.4% and non-GAAP was 61%, below our outlook due to "
+     "the $57 million charge for prior architecture components and chips following the sharp falloff in crypto demand.",
+     [("gross_margin", None, None, "reported", 2019, 3, 60.4, None, None), ("gross_margin", None, "non-GAAP", "reported", 2019, 3, 61.0, None, None)]),
+    # a sentence opening with its basis states it for the income figures of its later clauses
+    (_context("NVDA", "2017-11-09", "Q3 2018", 1), "", "Non-GAAP net income was $833 million, and EPS was $1.33, up 46% and 41%, "
+     "respectively from a year earlier, reflecting revenue strength as well as gross margin and operating margin expansion.",
+     [("net_income", None, "non-GAAP", "reported", 2018, 3, 8.33e8, None, None), ("eps", None, "non-GAAP", "reported", 2018, 3, 1.33, None, None)]),
+    # a segment's name written without its punctuation is still that segment, not the smaller one inside it
+    (_context("AMD", "2017-01-31", "Q4 2016", 12), "", "Enterprise embedded and semi-custom revenue was $506 million, up 4% year "
+     "over year and down 39% from the prior quarter, primarily due to lower sales of our semi-custom SoCs.",
+     [("segment_revenue", "Enterprise, Embedded and Semi-Custom", None, "reported", 2016, 4, 5.06e8, None, None),
+      ("revenue_growth", "Enterprise, Embedded and Semi-Custom", None, "reported", 2016, 4, 4.0, None, None)]),
+    # what a figure would have been is not what it was
+    (_context("ASML", "2020-07-15", "Q2 2020", 12), "", "Taking into account the additional approximately EUR 260 million of revenue "
+     "from the net 2 systems we didn't recognize in Q2, this would hypothetically have resulted in revenue of around EUR 3.6 billion "
+     "and a growth of around 50%.", []),
+    # 'from a GAAP perspective' states the basis for the sentence's figures
+    (_context("CSCO", "2020-02-12", "Q2 2020", 7), "", "In terms of the bottom line, from a GAAP perspective, Q2 net income was $2.9 "
+     "billion, and EPS was $0.68.", [("net_income", None, "GAAP", "reported", 2020, 2, 2.9e9, None, None),
+                                     ("eps", None, "GAAP", "reported", 2020, 2, 0.68, None, None)]),
+    # a basis after an alternative amount is that amount's ('or 19% excluding Wind River')
+    (_context("INTC", "2018-10-25", "Q3 2018", 12), "", "Intel's Internet of Things business achieved record revenue of $919 million "
+     "on broad business strength, up 8% or 19% excluding Wind River.",
+     # (the level, '$919 million on broad business strength', is read as an amount of something else: a known miss)
+     [("revenue_growth", "Internet of Things Group", None, "reported", 2018, 3, 8.0, None, None)]),
+])
+def test_product_lines_parent_margins_losses_and_year_headings(context, scope, sentence, expected):
+    """Kinds of misfiled figures found reading the full-corpus `metrics` (issue 25), each from a real sentence."""
+    assert _parsed(context, sentence, scope) == expected

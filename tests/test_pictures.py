@@ -16,11 +16,13 @@ import matplotlib.image as mpimg
 import networkx as nx
 import pytest
 
+from tests.conftest import needs_corpus
 from tkg.answer.pictures import (
     MAX_BARS,
     PNG_SIGNATURE,
     export_graphml,
     growth_chart,
+    subgraph_network,
     subgraph_png,
     timeline_figure,
     timeline_png,
@@ -114,28 +116,71 @@ def test_subgraph_png_counts_the_neighbourhood(graph, tmp_path):
     pairs = """
         SELECT DISTINCT subject_id, object_id FROM facts
         WHERE (subject_id = $id OR object_id = $id) AND object_id IS NOT NULL {when}
+          AND length(trim(subject)) > 2 AND regexp_matches(subject, '[A-Za-z]')
+          AND length(trim(object)) > 2 AND regexp_matches(object, '[A-Za-z]')
     """
-    count = "SELECT count(*) FROM ({pairs})"
-    nodes = "SELECT count(*) FROM (SELECT subject_id FROM ({pairs}) UNION SELECT object_id FROM ({pairs}))"
     when = ("AND coalesce(valid_at, call_date::TIMESTAMPTZ) <= $at::TIMESTAMPTZ "
             "AND (invalid_at IS NULL OR invalid_at > $at::TIMESTAMPTZ)")
 
+    # the officers: each person linked to the office, each office to the company
+    held = ("SELECT DISTINCT person_id, office_id FROM officer_tenures WHERE organization = $name AND {when}")
+    still = "ended_at IS NULL"
+    at = "started_at <= $at::TIMESTAMPTZ AND (ended_at IS NULL OR ended_at > $at::TIMESTAMPTZ)"
+
+    def expected(facts: str, offices: str, parameters: dict) -> tuple[int, int]:
+        people = held.format(when=offices)
+        drawn = scalar(graph, f"SELECT count(*) FROM (SELECT subject_id FROM ({facts}) UNION SELECT object_id FROM ({facts}) "
+                              f"UNION SELECT person_id FROM ({people}) UNION SELECT office_id FROM ({people}))", parameters)
+        edges = scalar(graph, f"SELECT (SELECT count(*) FROM ({facts})) + (SELECT count(*) FROM ({people})) "
+                              f"+ (SELECT count(DISTINCT office_id) FROM ({people}))", parameters)
+        return drawn, edges
+
     everything = pairs.format(when="")
     path = tmp_path / "subgraph.png"
-    assert subgraph_png(graph, COMPANY, path) == (scalar(graph, nodes.format(pairs=everything), {"id": entity}),
-                                                  scalar(graph, count.format(pairs=everything), {"id": entity}))
+    assert subgraph_png(graph, COMPANY, path) == expected(everything, still, {"id": entity, "name": COMPANY})
     assert_png(path.read_bytes())
 
     then = pairs.format(when=when)
-    expected = (scalar(graph, nodes.format(pairs=then), {"id": entity, "at": AS_OF_END}),
-                scalar(graph, count.format(pairs=then), {"id": entity, "at": AS_OF_END}))
     drawn = subgraph_png(graph, COMPANY, tmp_path / "then.png", as_of=AS_OF, dpi=40)
-    assert drawn == expected
-    assert 0 < drawn[1] < scalar(graph, count.format(pairs=everything), {"id": entity})
+    assert drawn == expected(then, at, {"id": entity, "name": COMPANY, "at": AS_OF_END})
+    assert 0 < drawn[1] < expected(everything, still, {"id": entity, "name": COMPANY})[1]
 
-    assert subgraph_png(graph, COMPANY, tmp_path / "five.png", limit=5, dpi=40) == (6, 5)  # a star around the company
+    # a star around the company
+    assert subgraph_png(graph, COMPANY, tmp_path / "five.png", limit=5, people=0, dpi=40) == (6, 5)
     with pytest.raises(ValueError, match="no facts valid at 2000-01-01"):
         subgraph_png(graph, COMPANY, tmp_path / "never.png", as_of="2000-01-01")
+
+
+def test_subgraph_shows_people_offices_and_figure_values(graph):
+    """Around a company: who holds which office at it (not ended), and each figure with its value."""
+    match = graph.entity(COMPANY)
+    network = subgraph_network(graph, match)
+    holders = {(person, title) for person, title in graph.connection.execute(
+        "SELECT person, title FROM officer_tenures WHERE organization = ? AND ended_at IS NULL", [COMPANY]).fetchall()}
+    assert holders and holders == {(network.nodes[person]["name"], network.nodes[office]["label"])
+                                   for person, office in network.edges if network.nodes[person]["kind"] == "Person"}
+    assert all(network.has_edge(office, match.canonical_id) for office, kind in network.nodes(data="kind") if kind == "Office")
+    revenue = next(node for node, name in network.nodes(data="name") if name == "Helio revenue Q3 2024")
+    assert network.nodes[revenue]["value"] == "$361 million" and "$361 million" in network.nodes[revenue]["label"]
+    # at a date, the CFO then (Dana Whitfield, until July 2024) rather than now (Marcus J. Ortega)
+    then = {network_name for _, network_name in subgraph_network(graph, match, as_of="2024-03-01").nodes(data="name")}
+    assert "Dana Whitfield" in then and "Marcus J. Ortega" not in then
+
+
+@needs_corpus
+@pytest.mark.slow
+def test_subgraph_around_intel_on_the_corpus_has_no_nameless_nodes(corpus_home):
+    """Issue 25: `tkg export --around Intel` drew 40 metric names without values and nodes such as
+    '7560' and 'IT'; now its officers with their offices, figures with values, and no nameless node."""
+    with Graph.open(corpus_home / "tkg.duckdb") as corpus:
+        network = subgraph_network(corpus, corpus.entity("Intel"))
+    names = dict(network.nodes(data="name"))
+    assert not [name for name in names.values() if len(name.strip()) <= 2 or not re.search(r"[A-Za-z]", name)]
+    kinds = dict(network.nodes(data="kind"))
+    assert {"Robert H. Swan", "George S. Davis"} <= {names[node] for node, kind in kinds.items() if kind == "Person"}
+    assert {"CEO", "CFO"} <= {label for node, label in network.nodes(data="label") if kinds[node] == "Office"}
+    valued = [value for node, value in network.nodes(data="value") if kinds[node] == "Metric" and value]
+    assert len(valued) >= 10 and all(re.search(r"\d", value) for value in valued)
 
 
 def test_graphml_round_trips_with_the_sql_counts(graph, tmp_path):

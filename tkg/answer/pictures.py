@@ -48,7 +48,7 @@ _PREDICATE_COLOURS = {
     "DECREASED": "#d62728", "LAUNCHED": "#9467bd", "INVESTS_IN": "#8c564b", "COLLABORATES_WITH": "#e377c2",
 }
 _SPARE_COLOURS = ["#7f7f7f", "#bcbd22", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"]
-_TYPE_COLOURS = {"Person": "#9ecae1", "Organization": "#fdae6b", "Product": "#a1d99b", "Metric": "#dadaeb"}
+_TYPE_COLOURS = {"Person": "#9ecae1", "Office": "#c6dbef", "Organization": "#fdae6b", "Product": "#a1d99b", "Metric": "#dadaeb"}
 
 
 def _colour(predicate: str, spare: dict[str, str]) -> str:
@@ -184,16 +184,29 @@ _VALID_AT_SQL = ("($as_of IS NULL OR (coalesce(valid_at, call_date::TIMESTAMPTZ)
                  "AND (invalid_at IS NULL OR invalid_at > $as_of)))")
 
 
+# A node drawn needs a name: not a number ('7560'), a lone symbol or a two-letter fragment ('IT').
+_NAMED_SQL = ("length(trim({column})) > 2 AND regexp_matches({column}, '[[:alpha:]]')")
+
+
 def subgraph_rows(graph: Graph, match: EntityMatch, as_of: Any = None, limit: int = 40) -> list[dict[str, Any]]:
     """The entity's edges: one row per (subject, object) pair it is part of, from the facts table
-    (valid at `as_of` if given), the most recently stated `limit` pairs, with their predicates."""
+    (valid at `as_of` if given), the most recently stated `limit` pairs, with their predicates and
+    the value each last stated ('HAS_REVENUE' '$19.7 billion', 'INCREASED' '20%'). Pairs with a nameless end (a number, a
+    two-letter fragment) are left out."""
     return graph.rows(
         f"""
+        WITH latest AS (
+            SELECT subject_id, any_value(subject) AS subject, object_id, any_value(object) AS object, predicate,
+                   arg_max(value, call_date) FILTER (WHERE value IS NOT NULL) AS value, max(call_date) AS last_stated
+            FROM facts
+            WHERE (subject_id = $id OR object_id = $id) AND subject_id IS NOT NULL AND object_id IS NOT NULL
+              AND {_VALID_AT_SQL} AND {_NAMED_SQL.format(column="subject")} AND {_NAMED_SQL.format(column="object")}
+            GROUP BY subject_id, object_id, predicate
+        )
         SELECT subject_id, any_value(subject) AS subject, object_id, any_value(object) AS object,
-               list(DISTINCT predicate ORDER BY predicate) AS predicates, max(call_date) AS last_stated
-        FROM facts
-        WHERE (subject_id = $id OR object_id = $id) AND subject_id IS NOT NULL AND object_id IS NOT NULL
-          AND {_VALID_AT_SQL}
+               list(predicate ORDER BY predicate) AS predicates, list(value ORDER BY predicate) AS "values",
+               max(last_stated) AS last_stated
+        FROM latest
         GROUP BY subject_id, object_id
         ORDER BY last_stated DESC, subject_id, object_id
         LIMIT $limit
@@ -202,49 +215,102 @@ def subgraph_rows(graph: Graph, match: EntityMatch, as_of: Any = None, limit: in
     )
 
 
+def officer_rows(graph: Graph, match: EntityMatch, as_of: Any = None, limit: int = 12) -> list[dict[str, Any]]:
+    """The people holding an office at the entity (or the offices the entity, a person, holds):
+    one row per (person, office), held at `as_of` if given, else still held, the most recently
+    started first."""
+    return graph.rows(
+        """
+        SELECT person_id, any_value(person) AS person, office_id, any_value(office) AS office, any_value(title) AS title,
+               any_value(organization) AS organization, min(started_at) AS started_at
+        FROM officer_tenures
+        WHERE (organization = $name OR person_id = $id) AND person_id IS NOT NULL AND office_id IS NOT NULL
+          AND CASE WHEN $as_of IS NULL THEN ended_at IS NULL
+                   ELSE started_at <= $as_of AND (ended_at IS NULL OR ended_at > $as_of) END
+        GROUP BY person_id, office_id
+        ORDER BY started_at DESC, person_id, office_id
+        LIMIT $limit
+        """,
+        {"name": match.name, "id": match.canonical_id, "as_of": _valid_at(as_of), "limit": int(limit)},
+    )
+
+
+_CHANGES = {"INCREASED", "DECREASED"}
+
+
+def subgraph_network(graph: Graph, match: EntityMatch, as_of: Any = None, limit: int = 40, people: int = 12) -> nx.DiGraph:
+    """The neighbourhood of one entity as a graph to draw: its facts (`subgraph_rows`), a figure's
+    node labelled with its value, and the people holding offices at it, each person linked to the
+    office and the office to the entity (`officer_rows`). Node attributes: name, label, kind."""
+    network = nx.DiGraph()
+    rows = subgraph_rows(graph, match, as_of, limit)
+    ids = {row[side] for row in rows for side in ("subject_id", "object_id")}
+    kinds = dict(graph.connection.execute(
+        "SELECT canonical_id, type FROM canonical_entities WHERE list_contains($ids, canonical_id)", {"ids": list(ids)}).fetchall())
+    for row in rows:
+        stated = list(zip(row["predicates"], row["values"]))
+        # a figure's node shows its level ('$19.7 billion'); a change ('INCREASED 20%') stays on the edge
+        level = next((value for predicate, value in stated if value and predicate not in _CHANGES), None)
+        for side in ("subject", "object"):
+            node = row[f"{side}_id"]
+            value = level if side == "object" else None
+            label = f"{_short(row[side], 32)}\n{_short(value, 24)}" if value else _short(row[side], 32)
+            if node not in network or value:
+                network.add_node(node, name=row[side], label=label, value=value, kind=kinds.get(node, ""))
+        network.add_edge(row["subject_id"], row["object_id"],
+                         label="\n".join(f"{predicate} {_short(value, 24)}" if value and value != level else predicate
+                                         for predicate, value in stated))
+    for row in officer_rows(graph, match, as_of, people) if people else []:
+        network.add_node(row["person_id"], name=row["person"], label=_short(row["person"], 32), value=None, kind="Person")
+        network.add_node(row["office_id"], name=row["office"], label=_short(row["title"], 32), value=None, kind="Office")
+        network.add_edge(row["person_id"], row["office_id"], label=f"HOLDS_ROLE since {row['started_at']:%Y-%m}")
+        if row["organization"] == match.name:
+            network.add_edge(row["office_id"], match.canonical_id, label="office at")
+    if match.canonical_id in network:
+        network.nodes[match.canonical_id].update(name=match.name, label=_short(match.name, 32), kind=match.type or "")
+    return network
+
+
 def subgraph_png(graph: Graph, entity: str | EntityMatch, path: Path, as_of: Any = None, limit: int = 40,
-                 dpi: int = 100) -> tuple[int, int]:
-    """A PNG of the entities around one entity: its facts as subject or object (valid at `as_of`
-    if given; at most `limit` neighbour pairs, the most recently stated), drawn with a spring
-    layout of fixed seed, nodes coloured by type and edges labelled with their predicates.
-    Returns (nodes, edges); ValueError when the entity has no such facts."""
+                 dpi: int = 100, people: int = 12) -> tuple[int, int]:
+    """A PNG of the entities around one entity (`subgraph_network`: its facts valid at `as_of` if
+    given, at most `limit` neighbour pairs, the most recently stated; figures with their values;
+    at most `people` officers with their offices), drawn in rings around it (offices, people, the
+    rest), nodes coloured by kind and edges labelled with their predicates. Returns (nodes, edges);
+    ValueError when the entity has no such facts or offices."""
     if int(limit) < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     match = entity if isinstance(entity, EntityMatch) else graph.entity(entity)
-    rows = subgraph_rows(graph, match, as_of, limit)
-    if not rows:
+    network = subgraph_network(graph, match, as_of, limit, people)
+    if not network.number_of_edges():
         when = f" valid at {_valid_at(as_of):%Y-%m-%d}" if as_of is not None else ""
         raise ValueError(f"{match.name!r} has no facts{when} linking it to another entity")
-    network = nx.DiGraph()
-    for row in rows:
-        network.add_node(row["subject_id"], name=row["subject"])
-        network.add_node(row["object_id"], name=row["object"])
-        network.add_edge(row["subject_id"], row["object_id"], label="\n".join(row["predicates"]))
-    types = dict(graph.connection.execute(
-        "SELECT canonical_id, type FROM canonical_entities WHERE list_contains($ids, canonical_id)",
-        {"ids": list(network.nodes)}).fetchall())
+    kinds = nx.get_node_attributes(network, "kind")
 
-    size = min(16.0, 7 + 0.15 * network.number_of_nodes())
+    size = min(18.0, 7 + 0.15 * network.number_of_nodes())
     figure = _figure(size, size * 0.75)
     axes = figure.add_subplot()
     axes.set_axis_off()
     axes.margins(0.12)
-    layout = nx.spring_layout(network, seed=7, k=1.6 / max(1, network.number_of_nodes()) ** 0.5)
-    colours = ["#e6550d" if node == match.canonical_id else _TYPE_COLOURS.get(types.get(node, ""), "#d9d9d9")
+    # rings around the entity: its offices, the people holding them, then everything else (figures, products, ...)
+    rings = [[match.canonical_id], [node for node in network if kinds.get(node) == "Office"],
+             [node for node in network if kinds.get(node) == "Person" and node != match.canonical_id]]
+    rings.append([node for node in network if not any(node in ring for ring in rings)])
+    layout = nx.shell_layout(network, nlist=[ring for ring in rings if ring])
+    colours = ["#e6550d" if node == match.canonical_id else _TYPE_COLOURS.get(kinds.get(node, ""), "#d9d9d9")
                for node in network.nodes]
     nx.draw_networkx_nodes(network, layout, ax=axes, node_color=colours, node_size=520, edgecolors="#555555")
     nx.draw_networkx_edges(network, layout, ax=axes, arrows=True, arrowstyle="-|>", arrowsize=12, edge_color="#888888",
                            node_size=520)
-    nx.draw_networkx_labels(network, layout, ax=axes, font_size=7,
-                            labels={node: _short(data["name"], 32) for node, data in network.nodes(data=True)})
+    nx.draw_networkx_labels(network, layout, ax=axes, font_size=7, labels=nx.get_node_attributes(network, "label"))
     nx.draw_networkx_edge_labels(network, layout, ax=axes, font_size=6, font_color="#444444",
                                  edge_labels=nx.get_edge_attributes(network, "label"))
     legend = [Patch(facecolor="#e6550d", label=match.name)]
-    legend += [Patch(facecolor=colour, label=kind) for kind, colour in _TYPE_COLOURS.items() if kind in types.values()]
+    legend += [Patch(facecolor=colour, label=kind) for kind, colour in _TYPE_COLOURS.items() if kind in kinds.values()]
     axes.legend(handles=legend, loc="lower left", fontsize=8, frameon=False)
     when = f" valid at {_valid_at(as_of):%Y-%m-%d}" if as_of is not None else ""
-    capped = f" (the {limit} most recently stated)" if len(rows) == int(limit) else ""
-    axes.set_title(f"{match.name}: {network.number_of_edges()} neighbours{when}{capped}", fontsize=11, loc="left")
+    capped = f" (the {limit} most recently stated facts)" if network.degree(match.canonical_id) >= int(limit) else ""
+    axes.set_title(f"{match.name}: {network.number_of_nodes() - 1} entities around it{when}{capped}", fontsize=11, loc="left")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _save(figure, path, dpi)

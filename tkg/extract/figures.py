@@ -25,7 +25,7 @@ amounts and units but none of the earnings-call context that decides what an amo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import lru_cache
 
@@ -34,7 +34,7 @@ from tkg.core.models import PERCENT_METRICS, RawFigure
 from tkg.extract.base import DocumentContext
 from tkg.extract.periods import PeriodResolver
 
-FIGURE_RULES_VERSION = "figures-8"
+FIGURE_RULES_VERSION = "figures-9"
 
 # Synonyms, longest first so 'operating expense' wins over 'operating'.
 _SYNONYMS = {
@@ -113,11 +113,18 @@ _CHANGE_BEFORE = re.compile(rf"(?:\bby|\b(?:up|down|grew|grow|grows|increased|de
 _NEGATIVE_BEFORE = re.compile(r"\b(?:negative|minus|a loss of|loss of)\s+$", re.IGNORECASE)
 # Anywhere in the clause: the figures are not for a fiscal period.
 _CLAUSE_TRAP = re.compile(r"\b(?:(?:last|trailing|past|previous) (?:12|twelve) months|TTM|LTM|trailing|holding currency constant|"
+                          # 'From 2013 to 2015 ... revenue grew 5%': a span of years, not a fiscal period
+                          r"(?:from|between) (?:fiscal )?(?:19|20)\d\d (?:to|through|and) (?:fiscal )?(?:19|20)\d\d|"
                           r"in fixed[- ](?:FX|currency|exchange[- ]rates?)(?: terms)?|"
                           r"(?:on|at) a constant currency basis|at constant currency|excluding (?:the impact of )?(?:FX|foreign exchange|"
                           r"currency))\b", re.IGNORECASE)
+# An opener restating the sentence without currency moves: 'Excluding the $184 million year-over-year
+# favorable foreign exchange impact, revenue growth was 28%'.
+_EX_CURRENCY_OPENER = re.compile(r"^\W*excluding\s+[^,;]{0,80}?\b(?:FX|foreign exchange|currenc(?:y|ies))\b[^,;]*,", re.IGNORECASE)
 _COMPARISON_BEFORE = re.compile(
     r"\b(?:from|compared (?:to|with)|versus|vs\.?|relative to|ahead of|above|below|in line with|within|exceed(?:ed|ing)?|"
+    # a threshold: 'crossed the $1 billion mark', 'topped $9b for the first time'
+    r"cross(?:ed|es|ing)|surpass(?:ed|es|ing)|topp(?:ed|ing)|passed|broke|"
     r"beat|prior|previous|original(?:ly)?|last year|a year ago|year-ago|prior[- ]year|would have been|including|includ(?:es|ed))\b",
     re.IGNORECASE,
 )
@@ -132,8 +139,11 @@ _TRAP = re.compile(
 )
 _AFTER_TRAP = re.compile(
     r"^\W{0,3}(?:(?:a |per )(?:diluted )?share,?\s+)?(?:(?:\w+\W+){0,2}?(?:run[- ]rate|headwinds?|tailwinds?|impact|in backlog|of backlog)|a year ago|last year|level\b|"
-    r"in the (?:prior|previous|year-ago|same)|in constant currency|sequentially|on a sequential|attributable|related to|due to|"
+    r"in the (?:prior|previous|year-ago|same)|in constant currency|sequentially|(?:mark|milestone|threshold)\b|on a sequential|attributable|related to|due to|"
     r"associated with|(?:from|over|versus|vs\.?|compared (?:to|with)) (?:the )?(?:previous|prior|last|preceding|year-ago) quarter|"
+    # 'grew 20% over the first quarter': sequential, unless a year names the quarter compared with
+    r"(?:from|over|versus|vs\.?|compared (?:to|with)) (?:the |our )?(?:(?:first|second|third|fourth)(?: fiscal)? quarter\b"
+    r"(?! (?:of |in |fiscal |FY)?'?\d)|Q[1-4]\b(?!\s*(?:FY|fiscal)?\s*'?\d))|"
     r"quarter[- ]over[- ]quarter|q/q|QoQ|from (?:our|the) (?:previous|prior|last|original|earlier) (?:guid\w*|outlook|forecast|expectations?)|"
     r"respectively)",
     re.IGNORECASE,
@@ -154,12 +164,18 @@ _OTHER_AFTER = re.compile(
 # Something else the amount is 'of' or 'in': '$33.1 billion in operating cash flow', '$2 billion of buybacks'.
 _AMOUNT_OF_OTHER = re.compile(r"^\s+(?:in|of|for|from|on)\s+(?!(?:the |our |its |fiscal |FY|Q[1-4]|\d|first|second|third|fourth|"
                               r"full|this|next|each|revenue|sales|net sales|the quarter|the year))\w", re.IGNORECASE)
+# Before an amount in its clause: what the figure would have been ('this would hypothetically have
+# resulted in revenue of around EUR 3.6 billion'), not what it was.
+_HYPOTHETICAL = re.compile(r"\b(?:would|could) (?:\w+ )?have (?:been|resulted|come|reached|grown|increased|decreased|declined)\b|"
+                           r"\bhypothetical(?:ly)?\b", re.IGNORECASE)
 _LONG_TERM = re.compile(r"\b(?:by|through) (?:fiscal |FY\s?)?20\d\d\b(?! (?:and|to) )|\bover the next (?:few|two|three|four|five|\d+) years\b",
                         re.IGNORECASE)
 _PER_SHARE = re.compile(r"^\s*(?:a|per)\s+(?:diluted\s+|basic\s+)?share\b", re.IGNORECASE)
 _PERCENT_OF_REVENUE = re.compile(r"^\s*(?:of|as a percent(?:age)? of)\s+(?:total\s+|net\s+)?(?:revenues?|sales|net sales)\b",
                                  re.IGNORECASE)
-_NON_GAAP = re.compile(r"\b(?:non[- ]GAAP|adjusted|pro forma|excluding)\b", re.IGNORECASE)
+# 'excluding FX' restates at other exchange rates; it is no basis
+_NON_GAAP = re.compile(r"\b(?:non[- ]GAAP|adjusted|pro forma|excluding(?!\s+(?:[\w$.,-]+\s+){0,6}?(?:FX|foreign exchange|"
+                       r"currenc)))\b", re.IGNORECASE)
 _BOTH_BASES = re.compile(r"\bGAAP\b.*\bnon[- ]GAAP\b.*\brespectively\b", re.IGNORECASE)
 _GAAP = re.compile(r"\bGAAP\b")
 # Comparison phrases hold words ('the year', 'quarter') the period rules would read as the figure's period.
@@ -178,6 +194,8 @@ _PLAIN_QUALIFIERS = {
     "first-quarter", "second-quarter", "third-quarter", "fourth-quarter", "fiscal-year", "q1", "q2", "q3", "q4", "fy",
     "corporate", "all-time", "group",
 }
+# What may stand between a segment's name and its metric: 'Gaming segment revenue'.
+_SEGMENT_NOUNS = {"segment", "segments", "business", "businesses", "group", "division", "unit", "line"}
 # Words that end the walk back from a metric: what stands before them is not a modifier.
 _BOUNDARY_WORDS = {
     "the", "our", "its", "their", "this", "that", "these", "a", "an", "of", "for", "in", "on", "at", "to", "with", "and", "or",
@@ -197,6 +215,7 @@ class Section:
     period: str | None = None
     segment: str | None = None
     basis: str | None = None
+    previous: str = ""  # the sentence just before the statement: the income a bare margin is the ratio of
 
 
 _NO_SECTION = Section()
@@ -213,6 +232,8 @@ _SECTION_PERIOD = re.compile(r"(?:the\s+)?(?:(?:full |whole |entire )?fiscal yea
                              r"(?:fiscal )?year '?\d{2,4}|FY\s?'?\d{2,4}|"
                              r"(?:the |this )?(?:full |whole |entire )year\b|(?:the|this) year\b|(?:the )?(?:first|second|third|fourth|1st|2nd|3rd|4th) "
                              r"(?:fiscal )?quarter|Q[1-4]\b)", re.IGNORECASE)
+# A sentence looking back on a year heads that year's figures at a fourth-quarter call.
+_YEAR_IN_REVIEW = re.compile(r"\b((?:19|20)\d\d) (?:was|has been|proved to be|turned out to be)\b[^.;]{0,60}\byear\b", re.IGNORECASE)
 _AMOUNT_CUE = re.compile(r"[$€£¥%]|\d+(?:\.\d+)?\s*(?:percent|billion|million|basis points)\b", re.IGNORECASE)
 _TOTAL_TOPIC = re.compile(r"^\W*(?:(?:and |so |now )?(?:total|overall|consolidated|company(?:wide)?)\b|overall,)", re.IGNORECASE)
 
@@ -228,7 +249,9 @@ def segment_patterns(segments: dict[str, tuple[str, ...]]) -> tuple[Segment, ...
     found = []
     for name, aliases in segments.items():
         words = sorted({name, *aliases}, key=len, reverse=True)
-        found.append(Segment(name, re.compile(r"\b(?:" + "|".join(re.escape(w) for w in words) + r")\b", re.IGNORECASE)))
+        # punctuation is not part of a name: 'Enterprise embedded and semi-custom' is 'Enterprise, Embedded and Semi-Custom'
+        spelled = (re.escape(word).replace(",\\ ", ",?\\s+").replace("\\ ", "\\s+") for word in words)
+        found.append(Segment(name, re.compile(r"\b(?:" + "|".join(spelled) + r")\b", re.IGNORECASE)))
     return tuple(found)
 
 
@@ -349,7 +372,13 @@ _DIGIT = re.compile(r"\d")
 _CONSTANT_CURRENCY_OPENER = re.compile(r"^\W*(?:in|on an?|at) (?:fixed|constant)[- ](?:FX|currency|exchange[- ]rates?)(?: terms| basis)?\W*$",
                                        re.IGNORECASE)
 # A basis stated for what follows: 'On a non-GAAP basis, ...', 'In GAAP terms, ...', 'Non-GAAP:'.
-_BASIS_PHRASE = re.compile(r"\b(?:on an? |in )(non[- ]GAAP|GAAP)\s+(?:basis|terms)\b|^\W*(non[- ]GAAP|GAAP)\s*[:,-]", re.IGNORECASE)
+_BASIS_PHRASE = re.compile(r"\b(?:on an? |in |from an? )(non[- ]GAAP|GAAP)\s+(?:basis|terms|perspective)\b|^\W*(non[- ]GAAP|GAAP)\s*[:,-]", re.IGNORECASE)
+
+
+# A sentence opening with its basis ('Non-GAAP net income was $833 million, and EPS was $1.33') states it
+# for the income figures of its later clauses; revenue rarely has a basis of its own.
+_LEADING_BASIS = re.compile(r"^\W*(?:(?:Q[1-4]|the|our|and)\s+)?(non[- ]GAAP|GAAP)\s+(?!basis)", re.IGNORECASE)
+_REVENUE_LIKE = frozenset({"revenue", "segment_revenue", "revenue_growth", "capex"})
 
 
 def _stated_basis(text: str) -> str | None:
@@ -377,7 +406,8 @@ _PERIOD_AFTER = re.compile(r"(?:the\s+|this\s+|that\s+)?(?:quarter|year|period|f
                            r"(?:an?\s+|the\s+)?(?:range|line|amount|neighborhood|ballpark|area|mid|high|low|upper|lower)\b)", re.IGNORECASE)
 _BARE_YEAR = re.compile(r"\b(?:in|for|of|during|calendar|year)\s+(20\d\d)\b(?!\s*(?:and|to|-)\s*20)|"
                         # '2019 revenue was $6.73 billion': the year names the figure's period
-                        r"(?:^|[.;:]\s*|\b(?:our|the|full|total|fiscal)\s+)(20\d\d)\s+(?=(?:[\w-]+\s+){0,2}?(?:revenues?|sales|"
+                        # ('Intel expect 2020 CapEx of approximately $17 billion')
+                        r"(?:^|[.;:]\s*|(?<![$€£¥\d.,])\b(?=20\d\d\s))(20\d\d)\s+(?=(?:[\w-]+\s+){0,2}?(?:revenues?|sales|"
                         r"gross margin|operating|net income|earnings|EPS|free cash flow|capital|capex)\b)", re.IGNORECASE)
 _ANNUAL = re.compile(r"\b(?:annual|for the year)\b", re.IGNORECASE)
 _RANGE_WORDS = re.compile(r"\b(?:rang(?:e|ing) from|in the range of)\s*$", re.IGNORECASE)
@@ -428,13 +458,16 @@ class FigureParser:
                 continue
             if (found := _SECTION_PERIOD.search(topic)) is not None and not _COMPARISON_PHRASE.search(topic):
                 period, segment = found[0], None
+            elif (review := _YEAR_IN_REVIEW.search(topic)) is not None:
+                period, segment = f"fiscal year {review[1]}", None  # '2017 was another record year for Intel.' 
             elif re.search(r"\b(?:the|this|our) (?:quarter|results for the quarter)\b", topic, re.IGNORECASE):
                 period = None  # back to the quarter the call reports
             if (named := next((seg.name for seg in self.segments if seg.pattern.search(topic)), None)) is not None:
                 segment = named
             elif re.match(r"(?:the\s+|our\s+)?(?:total|overall|consolidated|company)\b", topic, re.IGNORECASE):
                 segment = None
-        return Section(period, segment, basis)
+        previous = next((sentence for sentence in reversed(_SENTENCE_END.split(scope[-900:].strip())) if sentence), "")
+        return Section(period, segment, basis, previous)
 
     def _parse(self, statement: str, prediction: bool, section: Section = None) -> list[RawFigure]:
         section = section or _NO_SECTION
@@ -457,7 +490,7 @@ class FigureParser:
         """Figures of one clause; `earlier` is the statement's text before it (where a period
         such as 'For the full year 2024, we expect ...' may stand)."""
         amounts = _amounts(clause)
-        if not amounts or _CLAUSE_TRAP.search(clause) or (not _DIGIT.search(earlier) and (
+        if not amounts or _CLAUSE_TRAP.search(clause) or _EX_CURRENCY_OPENER.match(earlier + clause) or (not _DIGIT.search(earlier) and (
                 _CLAUSE_TRAP.search(earlier) or _CONSTANT_CURRENCY_OPENER.search(earlier))):
             return None, []  # also an opener that holds for the statement: 'Holding currency constant, our revenue grew 25%'
 
@@ -514,6 +547,8 @@ class FigureParser:
                 or (_OTHER_AFTER.search(after) and not (amount.unit == "percent" and _PERCENT_OF_REVENUE.search(after)))
                 or _BOTH_BASES.search(clause)):
             return None
+        if _HYPOTHETICAL.search(clause[:amount.start]):
+            return None
         if len(between) > 90 or (METRIC_WORDS.search(between) and metric != "eps"):
             return None  # too far from its metric, or another metric stands between them
         if re.match(r"\s*(?:guidance|outlook|forecast|expectations?|target)\s+(?:was|were|had been)\b", between, re.IGNORECASE):
@@ -567,7 +602,30 @@ class FigureParser:
                 metric = "segment_revenue"
             elif metric != "revenue_growth":
                 return None  # a segment's margin or income is not the company's, and the vocabulary has no place for it
+        if metric == "operating_margin" and segment is None and "margin" in clause[start:end].lower():
+            income = self._income_before(period_texts[-1] + clause[:start], section.previous)
+            if income is None:
+                return None  # the margin of a part of the business: 'Google operating income was ..., and the operating margin was 25%'
+            if income and not _basis(clause, last=True):
+                section = replace(section, basis=income)  # 'Non-GAAP operating income was $7.6 billion. The operating margin was 34%.'
+        if re.search(r"\bloss\b", clause[start:end], re.IGNORECASE) and amount.value > 0:
+            # 'The non-GAAP net loss for the quarter was $48 million': a loss is negative, as 'a net loss of $48 million' is
+            amount = replace(amount, value=-amount.value, low=None if amount.high is None else -amount.high,
+                             high=None if amount.low is None else -amount.low)
         return self._figure(metric, segment, amount, kind, clause, period_texts, section)
+
+    def _income_before(self, statement: str, previous: str) -> str | None:
+        """A margin is the ratio of the operating income stated just before it, in the statement or
+        in the sentence before: '' when that income is the company's (or none was stated), its
+        basis when it states one, None when it is a part's ('Google operating income')."""
+        for text in (statement, previous):
+            incomes = [found for found in METRIC_WORDS.finditer(text) if _METRIC_OF[found[1].lower()] == "operating_income"]
+            if incomes:
+                qualified, known = self._qualifier(text[:incomes[-1].start()])
+                if qualified is not None or not known:
+                    return None
+                return _basis(text, last=True) or ""
+        return ""
 
     def _segment(self, clause: str, metric_start: int, metric_end: int, earlier: str) -> tuple[str | None, bool]:
         """The registry segment the metric is qualified by (None: the total), and False when
@@ -576,8 +634,13 @@ class FigureParser:
         if re.search(r"\b(?:total|overall|consolidated|company(?:wide)?|corporate)\s+(?:net\s+)?$", clause[:metric_start],
                      re.IGNORECASE) or re.match(r"total\b", clause[metric_start:metric_end], re.IGNORECASE):
             return None, True  # 'and total revenue was ...' after a segment's figure
+        qualified, known = self._qualifier(clause[:metric_start])
+        if qualified is not None or not known:
+            return qualified, known  # 'Xbox software and services revenue', 'Network advertising revenues': a part
         # far enough back for 'The Intelligent Cloud segment delivered approximately $6.8 billion in revenue, growing 11%'
-        window = (earlier + clause[:metric_start])[-100:]
+        # and 'our productivity and business processes segment delivered results above our expectations with nearly
+        # $7 billion in revenue'
+        window = (earlier + clause[:metric_start])[-160:]
         tail = re.match(r"\s+(from|in|for)\s+(?:the\s+|our\s+|its\s+)?", clause[metric_end:])
         following = clause[metric_end + tail.end():] if tail else ""
         # the segment named nearest before the metric: 'Mac revenue was $7.2b and iPad revenue was $6b'
@@ -593,15 +656,42 @@ class FigureParser:
             return None, False  # 'revenue from emerging markets', 'revenue for the storage business'
         if re.search(r"\b(?:group|business|segment|division|unit|products?|services)\b[^.$;]{0,30}$", window, re.IGNORECASE):
             return None, False
-        for word in reversed(re.findall(r"[\w'’&.-]+|[,:(]", clause[:metric_start])[-5:]):
-            lower = word.lower().rstrip(".")
-            verb = re.fullmatch(r"[a-z]{3,}(?:ed|ing|ly)", word) is not None  # 'reduced capex', 'expecting revenue'
-            if (lower in _BOUNDARY_WORDS and word not in ("US", "U.S")) or verb or word in ",:(" or self._own.match(lower):
-                return None, True
-            if lower in _PLAIN_QUALIFIERS or re.fullmatch(r"'?\d{2,4}|fy\d{2,4}|q[1-4]", lower):
-                continue
-            return None, False
         return None, True
+
+    def _qualifier(self, before: str) -> tuple[str | None, bool]:
+        """What the words right before a metric name, walking back to the first word that ends the
+        noun phrase: (segment, True) for a registry segment ('Data Center Group revenue'),
+        (None, False) for a part of the business the registry does not name ('services revenue',
+        'Xbox software and services revenue', 'Dynamics 365 revenue', 'Network advertising
+        revenues' — a product line inside or across segments), (None, True) for no qualifier."""
+        spans = [(found.start(), found.end(), segment.name) for segment in self.segments
+                 for found in segment.pattern.finditer(before, max(0, len(before) - 120))]
+        # a name inside a longer one is that one ('Graphics' in 'Computing and Graphics')
+        spans = [span for span in spans if not any(o[0] <= span[0] and span[1] <= o[1] and o[:2] != span[:2] for o in spans)]
+        named, position, noun = set(), len(before), False
+        for word in reversed(list(re.finditer(r"[\w'’&.-]+|[,:(]", before))):
+            if word.start() >= position:
+                continue  # inside the segment name just read
+            inside = next((span for span in spans if span[0] <= word.start() < span[1]), None)
+            if inside is not None:
+                named.add(inside[2])
+                position = inside[0]
+                continue
+            text = word[0]
+            lower = text.lower().rstrip(".")
+            verb = re.fullmatch(r"[a-z]{3,}(?:ed|ing|ly)", text) is not None  # 'reduced capex', 'expecting revenue'
+            if (lower in _BOUNDARY_WORDS and text not in ("US", "U.S")) or verb or text in ",:(" or self._own.match(lower):
+                break
+            if lower in _SEGMENT_NOUNS:
+                noun = True
+                continue
+            if lower in _PLAIN_QUALIFIERS or re.fullmatch(
+                    r"'?\d{2}|(?:19|20)\d{2}|fy'?\d{2,4}|q[1-4]", lower):
+                continue  # '2019 revenue', 'Gaming segment revenue'; but 'Dynamics 365 revenue' names a product
+            return None, False
+        if len(named) > 1 or (noun and not named):
+            return None, False  # 'YouTube advertising revenues': across two segments; 'the PC business revenue'
+        return (named.pop(), True) if named else (None, True)
 
     def _figure(self, metric: str, segment: str | None, amount: _Amount, kind: str, clause: str, period_texts: tuple[str, ...],
                 section: Section = None) -> RawFigure | None:
@@ -621,8 +711,13 @@ class FigureParser:
             reported_year = self.resolver.reported[1] if self.resolver.reported else publication.year
             if year > reported_year + 1 or _LONG_TERM.search(clause):
                 return None  # a long-term target, not guidance for a period
-        basis = (_basis(clause[:amount.start], last=True) or _basis(clause[amount.end:], last=False)
-                 or _stated_basis(period_texts[-1]) or section.basis)
+        # after the amount, not what a new subject states: 'gross margins was 60.4% and non-GAAP was 61%'
+        # nor an alternative amount's ('up 8% or 19% excluding Wind River')
+        after = re.split(r"\b(?:and|while|but|whereas|with)\s+(?:the\s+)?(?:non[- ]GAAP|GAAP)\b|\bor\s+(?:approximately\s+)?[$€£¥\d]",
+                         clause[amount.end:], maxsplit=1, flags=re.IGNORECASE)[0]
+        leading = _LEADING_BASIS.match(period_texts[-1]) if metric not in _REVENUE_LIKE else None
+        basis = (_basis(clause[:amount.start], last=True) or _basis(after, last=False) or _stated_basis(period_texts[-1])
+                 or (("GAAP" if leading[1].upper() == "GAAP" else "non-GAAP") if leading else None) or section.basis)
         unit = "percent" if amount.unit == "percent" else f"{amount.unit}/share" if metric == "eps" else amount.unit
         return RawFigure(metric=metric, segment=segment, basis=basis, kind=kind, fiscal_year=year, fiscal_quarter=quarter,
                          value=float(amount.value), low=None if amount.low is None else float(amount.low),
