@@ -9,7 +9,6 @@ from datetime import date, datetime, timezone
 import duckdb
 import pytest
 
-from tests.conftest import run_tkg
 from tkg.core import tables
 from tkg.extract.base import DocumentContext
 from tkg.extract.figures import figure_parser
@@ -359,21 +358,6 @@ def test_quarterly_guidance_is_retired_when_the_actual_is_reported(sample):
     assert "reported" in rows[0][3]
     audit = sample.execute("SELECT count(*) FROM invalidation_judgments WHERE judge LIKE 'rules:figure-revisions%'").fetchone()[0]
     assert audit == sample.execute("SELECT count(*) FROM raw.figure_invalidations").fetchone()[0] > 0
-
-
-def test_metrics_history_does_not_depend_on_build_order(tmp_path, sample_home):
-    """Build the sample's partitions newest first, one company at a time, and compare with an
-    all-at-once build: the same metrics, validity and revisions."""
-    def history(home) -> list[tuple]:
-        with duckdb.connect(str(home / "tkg.duckdb"), read_only=True) as connection:
-            return connection.execute("SELECT company, metric, segment, basis, kind, fiscal_year, fiscal_quarter, value, low, high, "
-                                      "call_date, valid_at, invalid_at, invalidated_by FROM metrics ORDER BY ALL").fetchall()
-
-    piecewise = tmp_path / "piecewise"
-    for company, since in (("QNTX", "2024-07-01"), ("HLIO", None), ("QNTX", None)):
-        run_tkg(piecewise, "build", "--company", company, *(("--since", since) if since else ()), check=True)
-    assert history(piecewise) == history(sample_home)
-    assert len(history(sample_home)) > 40
 
 
 MSFT_Q1_FY19 = _context("MSFT", "2018-10-24", "Q1 2019", 6)

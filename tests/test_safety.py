@@ -363,11 +363,21 @@ def test_two_first_builds_at_once_on_a_fresh_home_both_succeed(tmp_path):
 # --- results do not depend on build history ---------------------------------------------------
 
 
-def test_facts_do_not_depend_on_the_order_calls_were_built_in(tmp_path, sample_home):
-    stepwise = tmp_path / "stepwise"
-    for until in ("2024-06-30", "2024-12-31"):  # the CFO change and CEO succession land in the second step
-        assert tkg(stepwise, "build", "--until", until).returncode == 0
-    assert facts_digest(stepwise) == facts_digest(sample_home)
+def metrics_history(home: Path) -> list[tuple]:
+    with duckdb.connect(str(home / "tkg.duckdb"), read_only=True) as connection:
+        return connection.execute("SELECT company, metric, segment, basis, kind, fiscal_year, fiscal_quarter, value, low, high, "
+                                  "call_date, valid_at, invalid_at, invalidated_by FROM metrics ORDER BY ALL").fetchall()
+
+
+def test_facts_and_metrics_do_not_depend_on_the_order_calls_were_built_in(tmp_path, sample_home):
+    """The sample built newest quarters first, one company at a time (each step publishing over
+    the last), equals the all-at-once build: facts, validity, retirements, metrics and revisions."""
+    piecewise = tmp_path / "piecewise"
+    for company, since in (("QNTX", "2024-07-01"), ("HLIO", None), ("QNTX", None)):
+        assert tkg(piecewise, "build", "--company", company, *(("--since", since) if since else ())).returncode == 0
+    assert facts_digest(piecewise) == facts_digest(sample_home)
+    assert metrics_history(piecewise) == metrics_history(sample_home)
+    assert len(metrics_history(sample_home)) > 40
 
 
 @needs_corpus

@@ -10,10 +10,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import offline_runtime
 from tkg.build.catalog import raw_tables
-from tkg.build.graph import build_graph, partitions_of
-from tkg.ingest.sources import load_source
 from tkg.store.parquet import ParquetStore
 from tkg.store.warehouse import (
     applied_sha256,
@@ -26,14 +23,6 @@ from tkg.store.warehouse import (
 
 SURFACE = {"transcripts", "chunks", "statements", "events", "triplets", "entities", "facts", "canonical_entities",
            "entity_aliases", "invalidation_judgments", "officers"}
-
-
-@pytest.fixture(scope="module")
-def sample_home(tmp_path_factory):
-    home = tmp_path_factory.mktemp("sample")
-    source = load_source("sample")
-    build_graph(offline_runtime(home), source, partitions_of(source), home / "tkg.duckdb")
-    return home
 
 
 def test_sql_surface(sample_home):
