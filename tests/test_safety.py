@@ -273,7 +273,20 @@ def _wait_for(condition, timeout: float = 120.0, step: float = 0.1) -> None:
         time.sleep(step)
 
 
-def test_ctrl_c_stops_the_whole_build_and_publishes_nothing(tmp_path, provider, llm):
+@pytest.fixture(scope="module")
+def qntx_clean(provider, tmp_path_factory):
+    """QNTX built over the LLM path without interruption: (its facts, the requests it took)."""
+    provider.reset_stats()
+    provider.clear_faults()
+    provider.configure(p_429=0.0, p_500=0.0, latency_s=0.0)
+    home = tmp_path_factory.mktemp("qntx_clean")
+    environment = {"OPENAI_BASE_URL": provider.base_url, "TKG_LLM_ATTEMPTS": "2", "_unset": ("TKG_EMBEDDINGS",)}
+    built = tkg(home, "build", "--company", "QNTX", env=environment)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return facts_digest(home), provider.stats().total_requests
+
+
+def test_ctrl_c_stops_the_whole_build_and_publishes_nothing(tmp_path, provider, qntx_clean, llm):
     home = tmp_path / "home"
     provider.configure(latency_s=0.2)
     build = tkg(home, "build", "--company", "QNTX", "--workers", "2", env=llm, wait=False)
@@ -295,18 +308,15 @@ def test_ctrl_c_stops_the_whole_build_and_publishes_nothing(tmp_path, provider, 
     provider.configure(latency_s=0.0)
     rerun = tkg(home, "build", "--company", "QNTX", env=llm)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert facts_digest(home) == qntx_clean[0]
 
 
 # --- kills leave nothing behind ---------------------------------------------------------------
 
 
-def test_kill_9_orphans_no_worker_no_run_and_repays_only_requests_in_flight(tmp_path, provider, llm):
-    clean = tmp_path / "clean"
-    assert tkg(clean, "build", "--company", "QNTX", env=llm).returncode == 0
-    cold = provider.stats().total_requests
-
+def test_kill_9_orphans_no_worker_no_run_and_repays_only_requests_in_flight(tmp_path, provider, qntx_clean, llm):
+    clean_facts, cold = qntx_clean
     home = tmp_path / "home"
-    provider.reset_stats()
     provider.configure(latency_s=0.2)
     build = tkg(home, "build", "--company", "QNTX", "--workers", "2", env={**llm, "TKG_MAX_IN_FLIGHT": "8"}, wait=False)
     _wait_for(lambda: len(_children(build.pid)) >= 2 and provider.stats().status_200 >= cold // 3)
@@ -324,7 +334,7 @@ def test_kill_9_orphans_no_worker_no_run_and_repays_only_requests_in_flight(tmp_
     assert "marked 1 run(s) of killed builds as failed" in rerun.stderr
     # every answer that arrived before the kill was cached: at most the requests in flight are paid again
     assert provider.stats().total_requests <= cold - answered + in_flight_after + 8
-    assert facts_digest(home) == facts_digest(clean)
+    assert facts_digest(home) == clean_facts
     leftovers = [p for p in home.rglob(".*") if p.suffix in (".tmp", ".building", ".wal")]
     assert not leftovers
     instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
