@@ -308,10 +308,10 @@ def _loaded_files(target: Path, code_version: str) -> dict[str, dict[str, tuple[
 
 def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], models: list[SqlModel] | None = None,
             stamp: Stamp | None = None, check: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
-            info: dict[str, str] | None = None, memory_limit: str | None = None, fresh: bool = False) -> PublishResult:
+            info: dict[str, str] | None = None, memory_limit: str | None = None) -> PublishResult:
     """Publish the Parquet tree (`raw_tables`, the stage catalog's) and every model onto `target`:
     from a copy of the last published file, updated where the store changed since (see the
-    module's docstring), or a fresh file when that cannot be done or `fresh` asks for it.
+    module's docstring), or a fresh file when that cannot be done.
 
     `info` adds rows to `raw.build_info` (e.g. `embedder`: what the statement vectors are, so a
     query embeds questions in the same space).
@@ -325,7 +325,7 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
     code_version = warehouse_code_version(models)
     sources = {raw.name: {_relative(store, path): identity for path, identity in _raw_source(store, raw).items()}
                for raw in raw_tables}
-    before = None if fresh else _loaded_files(target, code_version)
+    before = _loaded_files(target, code_version)
     temporary = temporary_path(target, ".building")
     result = PublishResult(path=target, stamp=stamp, incremental=before is not None)
     try:
