@@ -1,4 +1,4 @@
-"""Publish `tkg.duckdb`: a fresh database file swapped into place atomically.
+"""Publish `tkg.duckdb`: a new database file, swapped into place atomically.
 
 The Parquet files are copied into tables in a `raw` schema, and every `sql/*.sql` model (views
 and macros) is created on top, in dependency order. Copying rather than viewing the Parquet
