@@ -7,15 +7,23 @@ querying the old snapshot while the pipeline rewrites Parquet and publishes the 
 the file can be moved or shared without the Parquet tree. The pipeline itself never holds a
 lock on `tkg.duckdb`; only the publish step (and a SQL model re-applying its SQL) writes, to
 a temporary copy, and swaps it in with `os.replace`.
+
+Publishing is incremental: the file records the Parquet files each raw table was loaded from,
+with their size and time (`raw.loaded_files`). The next publish starts from a copy of the last
+file and, per table, keeps it when none of its files changed, replaces the rows of the
+partitions whose files changed or went, or reloads it whole (a global step's table, the usage,
+a table whose columns changed, or one where most partitions changed). Every model is then
+re-applied. A file published by other SQL models, or one whose free space has grown past a
+third, is built fresh instead. The rows are the same either way.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 import os
 import re
 import shutil
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path, PurePath
