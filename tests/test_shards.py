@@ -200,7 +200,7 @@ def test_a_memory_setting_that_is_not_a_size_is_named(tmp_path):
 
 # The outputs of the shard steps, whose rows an increment keeps per block or judge case.
 MEMOISED_TABLES = [("candidate_ranks", "ranked_blocks"), ("candidate_ranks", "candidate_ranks"),
-                   ("judged_pairs", "judgments"), ("judged_pairs", "judged_cases"), ("judged_pairs", "retirements")]
+                   ("judged_pairs", "judgments"), ("judged_pairs", "judged_fingerprints"), ("judged_pairs", "retirements")]
 
 
 def _shard_outputs(home: Path) -> dict[str, object]:
@@ -211,9 +211,9 @@ def _shard_outputs(home: Path) -> dict[str, object]:
 
 
 @needs_corpus
-def test_a_new_quarter_reuses_unchanged_blocks_and_cases_and_equals_a_cold_build(two_companies, tmp_path):
-    """Each block's ranks and each primary's verdicts are kept from the last build when their
-    inputs did not change; the blocks and cases a new quarter touches are recomputed. The
+def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build(two_companies, tmp_path):
+    """Each block's ranks and each pair's verdict are kept from the last build when their
+    inputs did not change; the blocks and pairs a new quarter touches are recomputed. The
     increment's tables equal a cold build's on the same partitions, row for row and in order."""
     newest = max(path.name for path in (two_companies / "parquet" / "transcripts").glob("company=*/quarter=*"))
     home = tmp_path / "home"
@@ -224,12 +224,11 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_cases_and_equals_a_cold_build
 
     report = finish_graph(_runtime(home, 3))
     assert report.counts["blocks_kept"] > report.counts["blocks_ranked"] > 0
-    assert report.counts["cases_kept"] > report.counts["cases_judged"] > 0
-    assert report.counts["pairs_judged_now"] < report.counts["judged_pairs"]
+    assert report.counts["pairs_kept"] > report.counts["pairs_judged_now"] > 0
 
     cold = _copy(two_companies, tmp_path / "cold")
     cold_report = finish_graph(_runtime(cold, 3))
-    assert cold_report.counts["blocks_kept"] == cold_report.counts["cases_kept"] == 0
+    assert cold_report.counts["blocks_kept"] == cold_report.counts["pairs_kept"] == 0
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert increment.keys() == built.keys() and len(built) == 3 * len(MEMOISED_TABLES)
     assert [name for name in built if not increment[name].equals(built[name])] == []
