@@ -183,10 +183,12 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "judged_pairs", "invalidation",
         "One shard's judge pairs (the older event and the earliest restatement of a candidate fact that may retire it) "
-        "and the judge's verdict on each, with its reason; each primary's earliest retirer in the shard.",
+        "and the judge's verdict on each, with its reason; each primary's earliest retirer in the shard. A pair "
+        "whose events did not change since the shard's last output keeps its verdict from it.",
         code_version=lambda f: f.judge, compute=invalidate.judged_pairs, inputs=("fact_blocks", "candidate_selection"),
         kind="shard", published=False, prompt=TEMPLATES["judge"], counters=("judge",),
-        tables=(Table("judgments", tables.INVALIDATION_JUDGMENTS), Table("retirements", tables.RETIREMENTS))),
+        tables=(Table("judgments", tables.INVALIDATION_JUDGMENTS), Table("judged_fingerprints", tables.JUDGED_PAIRS),
+                Table("retirements", tables.RETIREMENTS))),
     Stage(
         "invalidated_events", "invalidation",
         "The bi-temporal history: which DYNAMIC facts a later fact retired, when (invalid_at), when that became known "

@@ -295,13 +295,15 @@ def _kept(store: ParquetStore, stage: Stage, shard: str, expected: Stamp) -> Sta
 
 
 def _trusted_previous(store: ParquetStore, stage: Stage, shard: str | None, stamp: Stamp) -> dict[str, Any]:
-    """The stage's last output files (by table name) if one run of the same code and the same
-    settings wrote them all (their stamps agree), else nothing."""
+    """The stage's last output files (by table name) if one complete run of the same code and
+    the same settings wrote them all (their stamps agree), else nothing: a partial output (items
+    the provider never answered) is never reused."""
     paths = {table.name: (store.shard_path(stage.name, shard, table.name) if stage.sharded
                           else store.global_path(stage.name, table.name)) for table in stage.tables}
     stamps = [store.stamp(path) if store.is_file(path) else None for path in paths.values()]
     first = stamps[0]
-    if first is None or any(other != first for other in stamps) or first.code_version != stamp.code_version:
+    if (first is None or any(other != first for other in stamps) or first.code_version != stamp.code_version
+            or not first.complete):
         return {}
     settings_of = {key: value for key, value in stamp.inputs.items() if key not in stage.inputs}
     if {key: value for key, value in first.inputs.items() if key not in stage.inputs} != settings_of:

@@ -146,6 +146,8 @@ CANDIDATE_RANKS = pa.schema([
 ])
 # The blocks a shard's candidate ranks cover, each with a fingerprint of its members' facts.
 RANKED_BLOCKS = pa.schema([("canonical_id", pa.string()), ("predicate_group", pa.int8()), ("fingerprint", pa.string())])
+# Each judge pair of a shard with a fingerprint of what its verdict depends on.
+JUDGED_PAIRS = pa.schema([("primary_event_id", pa.string()), ("secondary_event_id", pa.string()), ("fingerprint", pa.string())])
 # A primary event's earliest retirer in one shard.
 RETIREMENTS = pa.schema([("event_id", pa.string()), ("invalid_at", TIMESTAMP), ("invalidated_by", pa.string())])
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import pyarrow as pa
@@ -53,7 +54,7 @@ class Stamp:
     # schema can be scanned without matching every file's columns by name.
     schema: str = field(default="", compare=False)
 
-    @property
+    @cached_property  # read for every file of the store at each step's start: hashed once per stamp
     def version(self) -> str:
         return version_of(self.stage, self.code_version, self.inputs)
 

@@ -199,14 +199,70 @@ def candidate_selection(job: StageJob) -> StageResult:
 
 def judged_pairs(job: StageJob) -> StageResult:
     """Pair and judge, in one shard: the judge pairs of the facts selected for this shard, the
-    verdict on each, and each primary's earliest retirer."""
+    verdict on each, and each primary's earliest retirer. A verdict depends on its pair alone
+    (the rule judge judges each pair by itself; the LLM judge asks for a primary's candidates
+    at once but keeps each verdict per pair, tkg.llm.extractor.LLMJudge), so a pair whose
+    fingerprint (the pair, and what the judge reads of its two events) is the one it had in
+    this shard's last output keeps its verdict from it, and only the other pairs are judged."""
+    connection = job.connection
     facts = _split(job, "fact_blocks", "facts", tables.FACTS)
     triplets = _split(job, "fact_blocks", "triplets", tables.RESOLVED_TRIPLETS)
     selected = _split(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS)
     pairs = pair_candidates(facts, selected, policy.POLICY.min_cosine)
-    judgments, winners, counts = judge_pairs(pairs, facts, triplets, job.providers.judge)
-    return StageResult(winners, tables={"judgments": judgments, "retirements": winners}, counts=counts,
-                       metadata={"judge": job.providers.judge.name})
+    connection.register("shard_pairs", pairs)
+    connection.register("shard_facts", facts)
+    connection.register("shard_triplets", triplets)
+    fingerprints = connection.sql(PAIR_FINGERPRINTS_SQL).to_arrow_table().cast(tables.JUDGED_PAIRS)
+    connection.register("shard_fingerprints", fingerprints)
+    columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
+    kept = tables.INVALIDATION_JUDGMENTS.empty_table()
+    if job.previous:
+        for name in ("judged_fingerprints", "judgments"):
+            job.store.relation(connection, [job.previous[name]]).create_view(f"previous_{name}", replace=True)
+        connection.execute("""CREATE TEMP TABLE unchanged AS SELECT primary_event_id, secondary_event_id FROM shard_fingerprints
+                              SEMI JOIN previous_judged_fingerprints USING (primary_event_id, secondary_event_id, fingerprint)""")
+        kept = connection.sql(f"SELECT {columns} FROM previous_judgments SEMI JOIN unchanged "
+                              "USING (primary_event_id, secondary_event_id)").to_arrow_table().cast(tables.INVALIDATION_JUDGMENTS)
+    else:
+        connection.execute("CREATE TEMP TABLE unchanged AS SELECT primary_event_id, secondary_event_id FROM shard_fingerprints LIMIT 0")
+    changed = connection.sql("SELECT * FROM shard_pairs ANTI JOIN unchanged USING (primary_event_id, secondary_event_id)")
+    judged, _, judge_counts = judge_pairs(changed.to_arrow_table().cast(pairs.schema), facts, triplets, job.providers.judge)
+    judgments = pa.concat_tables([kept, judged]).sort_by(
+        [("primary_event_id", "ascending"), ("secondary_event_id", "ascending")])
+    connection.register("shard_judgments", judgments)
+    retired = connection.sql(EARLIEST_RETIRER_SQL).to_arrow_table().cast(tables.RETIREMENTS)
+    counts = Counter({"candidate_pairs": pairs.num_rows, "judged_pairs": judgments.num_rows,
+                      "true_verdicts": int(pc.sum(judgments.column("invalidates")).as_py() or 0),
+                      "pairs_kept": kept.num_rows, "pairs_judged_now": judge_counts["judged_pairs"]})
+    return StageResult(retired, tables={"judgments": judgments, "judged_fingerprints": fingerprints, "retirements": retired},
+                       counts=counts, metadata={"judge": job.providers.judge.name})
+
+
+# A fingerprint of each judge pair: the pair (its cosine, shared entity and group are in its
+# judgment) and what the judge reads of its two events (the fact's columns besides the
+# embedding, which only the pairing reads, and its canonical triplets, in a fixed order).
+PAIR_FINGERPRINTS_SQL = f"""
+    WITH triplet_hashes AS (
+        SELECT event_id, string_agg(hash({', '.join(tables.RESOLVED_TRIPLETS.names)})::VARCHAR, ',' ORDER BY triplet_id) AS h
+        FROM shard_triplets GROUP BY event_id),
+    event_hashes AS (
+        SELECT f.event_id, hash({', '.join('f.' + name for name in tables.FACTS.names if name != 'embedding')}, t.h) AS h
+        FROM shard_facts f LEFT JOIN triplet_hashes t USING (event_id))
+    SELECT p.primary_event_id, p.secondary_event_id,
+           md5(concat_ws(':', hash(p.primary_event_id, p.secondary_event_id, p.cosine, p.shared_entity_id, p.predicate_group),
+                         ep.h, es.h)) AS fingerprint
+    FROM shard_pairs p JOIN event_hashes ep ON ep.event_id = p.primary_event_id
+                       JOIN event_hashes es ON es.event_id = p.secondary_event_id
+    ORDER BY p.primary_event_id, p.secondary_event_id"""
+
+# Each primary's earliest retirer among the pairs judged to retire it: the earliest valid_at,
+# ties on the event id.
+EARLIEST_RETIRER_SQL = """
+    SELECT j.primary_event_id AS event_id, f.valid_at AS invalid_at, j.secondary_event_id AS invalidated_by
+    FROM shard_judgments j JOIN shard_facts f ON f.event_id = j.secondary_event_id
+    WHERE j.invalidates
+    QUALIFY row_number() OVER (PARTITION BY j.primary_event_id ORDER BY f.valid_at, j.secondary_event_id) = 1
+    ORDER BY event_id"""
 
 
 def invalidated_events(job: StageJob) -> StageResult:
