@@ -28,6 +28,7 @@ from tkg.llm.cache import ResponseCache
 from tkg.llm.client import LLMClient
 from tkg.llm.extractor import LLMExtractor
 from tkg.llm.settings import LLMSettings
+from tkg_assets.instance import open_instance
 
 API_KEY = "sk-test-batch-do-not-leak"
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,26 +160,51 @@ def sample_chunks():
 
 def test_sample_build_in_batch_mode_gives_the_synchronous_graph(server, tmp_path):
     """`tkg build` of the sample with --llm-mode batch publishes the same facts as the
-    synchronous build, and its llm_calls rows cost half the list price."""
-    graphs, costs = {}, {}
+    synchronous build; its llm_calls rows say 'batch' and cost half the list price, and the
+    cost summary shows the saving."""
+    graphs, costs, modes, summaries = {}, {}, {}, {}
     for mode in ("sync", "batch"):
         home = tmp_path / mode
         env = {**os.environ, "TKG_HOME": str(home), "DAGSTER_HOME": str(home / "dagster_home"),
-               "OPENAI_BASE_URL": server.base_url, "TKG_BATCH_POLL_S": "0.1", "PYTHONPATH": str(ROOT)}
+               "OPENAI_BASE_URL": server.base_url, "TKG_BATCH_POLL_S": "0.1", "PYTHONPATH": str(ROOT),
+               "TKG_SHARDS": "1"}  # the judge's one shard runs in the run's process, the partitions in workers'
+        batches_before = server.stats().batches_created
         for name in ("OPENAI_API_KEY", "TKG_LLM", "TKG_EMBEDDINGS", "TKG_LLM_MODE"):
             env.pop(name, None)
-        built = subprocess.run([sys.executable, "-m", "tkg.cli", "build", "--workers", "1", "--llm-mode", mode],
+        workers = "2" if mode == "batch" else "1"  # batch: the notices come from both kinds of process
+        built = subprocess.run([sys.executable, "-m", "tkg.cli", "build", "--workers", workers, "--llm-mode", mode],
                                env=env, capture_output=True, text=True, timeout=900)
         assert built.returncode == 0, built.stderr[-3000:]
+        if mode == "batch":  # every batch's progress shows at normal verbosity, and in Dagster's run log
+            created = server.stats().batches_created - batches_before
+            shown = [line for line in built.stderr.splitlines() if line.startswith("batch ")]  # the CLI's console
+            assert sum("submitted" in line for line in shown) == created > 1, built.stderr[-3000:]
+            assert sum(": completed," in line for line in shown) == created, built.stderr[-3000:]
+            instance = open_instance(home / "dagster_home")
+            logged = [entry.user_message for run in instance.get_runs() for entry in instance.all_logs(run.run_id)
+                      if entry.user_message.startswith("batch ")]
+            assert sum("submitted" in message for message in logged) == created, logged
+            assert sum(": completed," in message for message in logged) == created, logged
         with duckdb.connect(str(home / "tkg.duckdb"), read_only=True) as connection:
             graphs[mode] = connection.execute(
                 "SELECT company, statement, subject, predicate, object, valid_at, invalid_at FROM facts ORDER BY ALL").fetchall()
             costs[mode] = connection.execute(
                 "SELECT sum(estimated_cost_usd), sum(((input_tokens - cached_input_tokens) * ? + cached_input_tokens * ? "
                 "+ output_tokens * ?) / 1e6) FROM llm_calls WHERE stage <> 'embeddings'", list(LIST_PRICE)).fetchone()
+            modes[mode] = connection.execute(
+                "SELECT stage = 'embeddings' AS embeddings, mode, sum(requests) FROM llm_calls GROUP BY ALL ORDER BY ALL").fetchall()
+            summaries[mode] = connection.execute(
+                "SELECT sum(estimated_cost_usd), sum(sync_cost_usd), sum(saving_usd) FROM llm_cost_summary WHERE mode = ?",
+                [mode]).fetchone()
     assert graphs["batch"] == graphs["sync"] and len(graphs["sync"]) > 10
     # estimated_cost_usd is rounded to 6 decimals per row
     assert costs["sync"][0] == pytest.approx(costs["sync"][1], abs=1e-4)
     assert costs["batch"][0] == pytest.approx(costs["batch"][1] / 2, abs=1e-4)
     assert costs["batch"][0] < 0.55 * costs["sync"][0]
+    # Every LLM stage's requests went through the Batch API; embeddings stay synchronous.
+    assert [(embeddings, mode) for embeddings, mode, _ in modes["batch"]] == [(False, "batch"), (True, "sync")], modes
+    assert [(embeddings, mode) for embeddings, mode, _ in modes["sync"]] == [(False, "sync"), (True, "sync")], modes
+    cost, sync_cost, saving = summaries["batch"]
+    assert sync_cost == pytest.approx(2 * cost, abs=1e-3) and saving == pytest.approx(cost, abs=1e-3) and saving > 0
+    assert summaries["sync"][2] == pytest.approx(0, abs=1e-6)
     assert server.stats().batches_created > 0

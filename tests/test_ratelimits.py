@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 
+import httpx
 import openai
 import pytest
 from pydantic import BaseModel
@@ -14,7 +16,7 @@ from fakes.openai_server import OpenAICompatibleServer, ParsedRequest, realistic
 from tkg.core.results import StageStats
 from tkg.llm.client import LLMClient
 from tkg.llm.prompts import RenderedPrompt
-from tkg.llm.ratelimits import parse_duration, read_limits
+from tkg.llm.ratelimits import RateLimitPacer, estimate_tokens, parse_duration, read_limits, stamp_sent_request
 from tkg.llm.settings import LLMSettings
 
 MODEL = "gpt-4.1-mini"
@@ -138,3 +140,51 @@ def test_a_server_without_rate_limit_headers_keeps_the_adaptive_window():
         finally:
             client.close()
     assert served.status_200 == 40 and served.status_429 == stats.rate_limited > 0
+
+
+def test_a_request_the_provider_admits_late_is_not_spent_twice():
+    """Requests reach the provider in another order than the client sent them (a new connection
+    against a kept-alive one, a provider working through a queue). Here request A goes out
+    first but is admitted only after B has been answered: B's headers do not include A, so the
+    copy of the budget must still count A, or the next burst spends A's tokens again and
+    collides (what made bench_llm's statements stage meet 429s on a busy machine)."""
+    tpm = 12_000  # 200 tokens a second: the refill during the scenario is small beside A
+    provider = realistic_settings(rpm=10_000, tpm=tpm, ttft_s=0.05, output_tokens_per_s=1_000.0)
+
+    async def scenario(base_url: str) -> list[int]:
+        pacer = RateLimitPacer(fallback_max_in_flight=4)
+        held = asyncio.Event()
+
+        async def send(input_tokens: int, output_tokens: int, hold: bool = False) -> int:
+            text = "y" * (4 * input_tokens) + f" WANT={output_tokens} "
+            body = json.dumps({"model": MODEL, "input": text}).encode()
+            ticket = await pacer.acquire(MODEL, estimate_tokens(text), output_tokens)
+
+            async def slowly():  # the request is on its way, but the provider has not got all of it
+                yield body[:20]
+                await held.wait()
+                yield body[20:]
+
+            response = await http.post("/responses", content=slowly() if hold else body,
+                                       headers={"content-type": "application/json"})
+            await pacer.release(ticket, response.headers, rate_limited=response.status_code == 429,
+                                output_tokens=response.json()["usage"]["output_tokens"] if response.status_code == 200 else None)
+            return response.status_code
+
+        async with httpx.AsyncClient(base_url=base_url, timeout=60,
+                                     event_hooks={"request": [stamp_sent_request]}) as http:
+            statuses = [await send(50, 5)]  # learn the budgets
+            a = asyncio.ensure_future(send(6_000, 1_500, hold=True))  # out first, admitted last
+            await asyncio.sleep(0.3)
+            statuses.append(await send(50, 5))  # answered while A is still on its way
+            held.set()
+            await asyncio.sleep(0.2)  # A is admitted: its 7,500 tokens are gone from the budget
+            statuses += await asyncio.gather(*(send(1_000, 5) for _ in range(5)))
+            statuses.append(await a)
+        return statuses
+
+    with OpenAICompatibleServer(sized_responder, provider=provider) as server:
+        statuses = asyncio.run(scenario(server.base_url))
+        served = server.stats()
+    assert statuses.count(200) == len(statuses) == 8, statuses
+    assert served.status_429 == 0, served

@@ -37,13 +37,22 @@ from tkg.settings import Settings
 from tkg_assets.assets.common import stage_metadata, version_tags
 from tkg_assets.partitions import partition_key
 
-# Who follows a build as its partitions land: `tkg build`'s progress bar, in its own process
-# (the `progress` resource); nobody when the job runs elsewhere.
-Progress = Callable[[PartitionOutcome], None]
+# Who follows a build as its partitions land, and its notices (a Batch API job submitted, its
+# progress: tkg.build.runner): `tkg build`'s progress bar, in its own process (the `progress`
+# resource); nobody when the job runs elsewhere, where the run log has the notices.
+Progress = Callable[[PartitionOutcome | str], None]
 
 
-def no_progress(outcome: PartitionOutcome) -> None:
+def no_progress(outcome: PartitionOutcome | str) -> None:
     return None
+
+
+def notices_for(log, progress: Progress):
+    """What passes a notice on: to the run log (Dagster's, at INFO) and to `progress`."""
+    def notice(line: str) -> None:
+        log.info(line)
+        progress(line)
+    return notice
 
 
 class PartitionsToBuild(dg.Config):
@@ -74,7 +83,8 @@ def record_partitions(log, settings: Settings, tasks: list[PartitionTask] | list
     have landed, a Failure lists them all, so Dagster marks exactly those partitions failed (a
     ranged run's failed partitions are the ones it planned and did not materialise)."""
     failed: list[PartitionOutcome] = []
-    for outcome in run_partitions(settings.for_workers(workers), tasks, workers, log_level):
+    for outcome in run_partitions(settings.for_workers(workers), tasks, workers, log_level,
+                                  on_notice=notices_for(log, progress)):
         progress(outcome)
         if not outcome.ok:
             failed.append(outcome)
@@ -131,7 +141,7 @@ def shard_input_bytes(settings: Settings, stage: catalog.Stage) -> int:
 @dg.op(out={}, description="Run the global and shard steps that do not cover their inputs (shards in worker processes), "
                    "and record each one's materialisation.")
 def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, storage: TkgStorage, source: TranscriptSource,
-                         extraction: ExtractionBackend):
+                         extraction: ExtractionBackend, progress: dg.ResourceParam[Progress]):
     settings = settings_of(storage, source, extraction)
     runtime = Runtime.open(settings, api_key=extraction.api_key)
     upstream_ran = False
@@ -149,7 +159,8 @@ def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, st
         if stage.sharded:
             tasks = [ShardTask(stage.name, shard) for shard in stale]
             workers = config.workers if shard_input_bytes(settings, stage) > IN_PROCESS_BYTES else 1
-            outcomes = list(run_partitions(settings.for_workers(workers), tasks, workers, config.log_level))
+            outcomes = list(run_partitions(settings.for_workers(workers), tasks, workers, config.log_level,
+                                           on_notice=notices_for(context.log, progress)))
             outcomes += [build_one(settings, ShardTask(stage.name, shard)) for shard in kept]
         else:
             outcomes = [build_one(settings, GlobalTask(stage.name))]

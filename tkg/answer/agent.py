@@ -416,6 +416,7 @@ async def _request_turn(client: LLMClient, model: str, prompt: RenderedPrompt, h
         stats.cached_input_tokens += tokens[1]
         stats.output_tokens += tokens[2]
         stats.cost_usd += settings.cost_usd(model, *tokens)
+        stats.sync_cost_usd += settings.cost_usd(model, *tokens)
         return turn
 
     return await client._with_retries(STAGE, stats, call)

@@ -6,6 +6,11 @@ either as it was or fully rebuilt. Workers die with the process that started the
 `PR_SET_PDEATHSIG`, and a watchdog elsewhere) and ignore Ctrl-C, which the parent handles by
 stopping them all. Nothing here imports dagster; the Dagster op that records the results
 (`tkg_assets.batch`) drives this module.
+
+Some lines are news the caller shows while it waits (the notices: a Batch API job submitted, its
+progress): whichever process builds the partition, the `NOTICE_LOGGERS` lines reach the caller
+of `run_partitions` as they come (in its own thread when workers build), for the CLI and
+Dagster's run log.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import date
@@ -32,6 +39,76 @@ from tkg.ingest.sources import load_source
 from tkg.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# Loggers whose INFO lines are the build's notices (see the module docstring).
+NOTICE_LOGGERS = ("tkg.llm.batch",)
+# How often a caller waiting on partitions passes the notices on.
+NOTICE_POLL_S = 0.5
+Notice = Callable[[str], None]
+
+
+class _NoticeHandler(logging.Handler):
+    """Puts each line of a notice logger on a sink: the worker pool's queue, or `_Direct`."""
+
+    def __init__(self, sink: Any) -> None:
+        super().__init__(logging.INFO)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.sink.put(record.getMessage())
+        except Exception:  # noqa: BLE001 - a notice must never break a build
+            self.handleError(record)
+
+
+def _send_notices(sink: Any) -> list[tuple[logging.Logger, logging.Handler, int, bool]]:
+    """From now on the notice loggers' INFO lines go to `sink` (and not on to the root handlers,
+    which would show them a second time); what it changed, to undo."""
+    saved = []
+    for name in NOTICE_LOGGERS:
+        logger = logging.getLogger(name)
+        handler = _NoticeHandler(sink)
+        saved.append((logger, handler, logger.level, logger.propagate))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return saved
+
+
+@contextmanager
+def _notices_to(sink: Any) -> Iterator[None]:
+    """While inside, the notice loggers' INFO lines go to `sink`."""
+    saved = _send_notices(sink)
+    try:
+        yield
+    finally:
+        for logger, handler, level, propagate in saved:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+
+class _Direct:
+    """A sink that passes each notice on at once, one at a time, from whichever thread logs it."""
+
+    def __init__(self, on_notice: Notice | None) -> None:
+        self.on_notice, self.lock = on_notice, threading.Lock()
+
+    def put(self, line: str) -> None:
+        if self.on_notice is not None:
+            with self.lock:
+                self.on_notice(line)
+
+
+def _pass_on(notices: Any, on_notice: Notice | None) -> None:
+    """Hand every notice waiting on the queue to `on_notice` (in the caller's thread)."""
+    while True:
+        try:
+            line = notices.get_nowait()
+        except (queue.Empty, OSError, ValueError):
+            return
+        if on_notice is not None:
+            on_notice(line)
 
 
 @dataclass(frozen=True)
@@ -188,10 +265,11 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="tkg-parent-watch", daemon=True).start()
 
 
-def _worker_init(parent: int, log_level: str) -> None:
+def _worker_init(parent: int, log_level: str, notices: Any) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C stops
     logging.getLogger("tkg").setLevel(log_level)
+    _send_notices(notices)  # for the worker's whole life
 
 
 # --- in the parent ---------------------------------------------------------------------------
@@ -205,8 +283,11 @@ def _warm(settings: Settings) -> None:
 
 
 def _new_pool(settings: Settings, workers: int, log_level: str) -> ProcessPoolExecutor:
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(os.getpid(), log_level))
+    context = multiprocessing.get_context("spawn")
+    notices = context.Queue()
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init,
+                               initargs=(os.getpid(), log_level, notices))
+    pool.notices = notices  # type: ignore[attr-defined]  # what run_partitions passes on
     for _ in range(workers):
         pool.submit(_warm, settings)
     return pool
@@ -225,28 +306,33 @@ def prestart(settings: Settings, workers: int, log_level: str = "WARNING") -> No
 
 
 def run_partitions(settings: Settings, tasks: list[PartitionTask] | list[ShardTask], workers: int,
-                   log_level: str = "WARNING") -> Iterator[PartitionOutcome]:
+                   log_level: str = "WARNING", on_notice: Notice | None = None) -> Iterator[PartitionOutcome]:
     """Run `tasks` (partitions to build, or shards of a shard stage), yielding each outcome as it
-    lands. With one worker the tasks run in this process; otherwise in `workers` spawned
-    processes, so each shard's memory is its own. On KeyboardInterrupt (or when the caller
+    lands; `on_notice` gets the notices (see the module docstring) meanwhile. With one worker
+    the tasks run in this process; otherwise in `workers` spawned processes, so each shard's
+    memory is its own. On KeyboardInterrupt (or when the caller
     stops iterating) the workers are killed at once and nothing more starts."""
     if workers <= 1 or len(tasks) <= 1:
-        for task in tasks:
-            yield build_one(settings, task)
+        # Built on this thread (where a memory watch can stop it), so the notices are passed on
+        # from the thread that logs them.
+        with _notices_to(_Direct(on_notice)):
+            for task in tasks:
+                yield build_one(settings, task)
         return
     pool = (_prestarted.pop((_identity(settings), workers, log_level), None)
             or _new_pool(settings, min(workers, len(tasks)), log_level))
     pending: dict[Future, PartitionTask] = {}
-    queue = list(tasks)
+    waiting = list(tasks)
     finished = False
     try:
         # Two partitions per worker are queued, so a worker never waits while the caller records
         # a result, and a stop loses little more than the partitions being built.
-        while queue or pending:
-            while queue and len(pending) < 2 * workers:
-                task = queue.pop(0)
+        while waiting or pending:
+            while waiting and len(pending) < 2 * workers:
+                task = waiting.pop(0)
                 pending[pool.submit(build_one, settings, task)] = task
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            done, _ = wait(pending, timeout=NOTICE_POLL_S, return_when=FIRST_COMPLETED)
+            _pass_on(pool.notices, on_notice)
             outcomes = []
             for future in done:
                 task = pending.pop(future)
@@ -254,10 +340,11 @@ def run_partitions(settings: Settings, tasks: list[PartitionTask] | list[ShardTa
                     outcomes.append(future.result())
                 except Exception as error:  # the worker process died (killed, out of memory)
                     outcomes.append(PartitionOutcome(task, error=f"the worker building it died ({type(error).__name__}: {error})"))
-            while queue and len(pending) < 2 * workers:  # refill before the caller takes its time
-                task = queue.pop(0)
+            while waiting and len(pending) < 2 * workers:  # refill before the caller takes its time
+                task = waiting.pop(0)
                 pending[pool.submit(build_one, settings, task)] = task
             yield from outcomes
+        _pass_on(pool.notices, on_notice)
         finished = True
     finally:
         if finished:

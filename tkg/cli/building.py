@@ -248,6 +248,9 @@ class _BuildProgress:
         self.task = None
 
     def observe(self, outcome) -> None:
+        if isinstance(outcome, str):  # a notice: a Batch API job submitted, its progress
+            (self.bar.console if self.bar is not None else console).print(outcome, markup=False, highlight=False)
+            return
         self.report.stage_seconds += outcome.seconds
         if not outcome.ok:
             self.failed.append((outcome.key, outcome.error))

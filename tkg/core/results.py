@@ -31,6 +31,7 @@ class StageStats:
     reasks: int = 0
     partial_answers: int = 0  # batched answers that left some of their items out
     cost_usd: float = 0.0
+    sync_cost_usd: float = 0.0  # what the same tokens cost as synchronous requests (= cost_usd unless batched)
     dropped: Counter = field(default_factory=Counter)
     repaired: Counter = field(default_factory=Counter)
     # Items that got no usable answer at all (after retries and a re-ask): the stage did not
@@ -67,7 +68,7 @@ class StageStats:
         """What happened after `earlier` (a snapshot of this same counter)."""
         delta = StageStats(**{name: getattr(self, name) - getattr(earlier, name) for name in
                               ("requests", "cache_hits", "input_tokens", "cached_input_tokens", "output_tokens",
-                               "retries", "rate_limited", "reasks", "partial_answers", "cost_usd")})
+                               "retries", "rate_limited", "reasks", "partial_answers", "cost_usd", "sync_cost_usd")})
         delta.dropped = self.dropped - earlier.dropped
         delta.repaired = self.repaired - earlier.repaired
         delta.unanswered_items = self.unanswered_items - earlier.unanswered_items
@@ -94,6 +95,7 @@ class StageStats:
             "dropped": self.dropped_total, "dropped_by_reason": dict(self.dropped), "repaired_by_reason": dict(self.repaired),
             "latency_p50_ms": self.latency_percentile(50), "latency_p95_ms": self.latency_percentile(95),
             "latency_p99_ms": self.latency_percentile(99), "estimated_cost_usd": round(self.cost_usd, 6),
+            "sync_cost_usd": round(self.sync_cost_usd, 6),
         }
 
 

@@ -161,6 +161,9 @@ LLM_CALLS = pa.schema([
     ("dropped_by_reason", pa.string()), ("repaired_by_reason", pa.string()),
     ("latency_p50_ms", pa.float64()), ("latency_p95_ms", pa.float64()), ("latency_p99_ms", pa.float64()),
     ("estimated_cost_usd", pa.float64()), ("recorded_at", TIMESTAMP),
+    # How the requests went: 'sync' (answered as they came) or 'batch' (OpenAI's Batch API, half
+    # price); and what the same tokens cost as synchronous requests, so the saving shows.
+    ("mode", pa.string()), ("sync_cost_usd", pa.float64()),
 ])
 
 

@@ -183,6 +183,12 @@ class LLMClient:
             raise RequestFailed(f"HTTP {error.status_code}: {error.message}") from error
         raise AssertionError("unreachable")
 
+    def request_mode(self, stage: str) -> str:
+        """How `stage`'s requests go: 'batch' through the Batch API (batch mode, a runner set, and
+        not embeddings, which stay synchronous), else 'sync'."""
+        batched = self.settings.llm_mode == "batch" and self.batches is not None and stage != "embeddings"
+        return "batch" if batched else "sync"
+
     def request_body(self, stage: str, prompt: RenderedPrompt, schema: type[BaseModel]) -> dict[str, Any]:
         """The JSON body of a structured request for `stage`, as the synchronous call and a
         Batch API line both send it."""
@@ -213,13 +219,14 @@ class LLMClient:
         stats.cached_input_tokens += tokens[1]
         stats.output_tokens += tokens[2]
         stats.cost_usd += self.settings.cost_usd(model, *tokens, batch=batch)
+        stats.sync_cost_usd += self.settings.cost_usd(model, *tokens)
         return text, tokens[2]
 
     async def _complete(self, stage: str, prompt: RenderedPrompt, schema: type[BaseModel], stats: StageStats) -> str:
         """The answer's text; its tokens and cost go into `stats`."""
         client, _ = self._ensure()
         body = self.request_body(stage, prompt, schema)
-        if self.settings.llm_mode == "batch" and self.batches is not None:
+        if self.request_mode(stage) == "batch":
             return await self.batches.complete(stage, body, stats)
 
         async def call() -> Answered:
@@ -260,6 +267,7 @@ class LLMClient:
             tokens = response.usage.prompt_tokens if response.usage else 0
             stats.input_tokens += tokens
             stats.cost_usd += self.settings.cost_usd(model, tokens, 0, 0)
+            stats.sync_cost_usd += self.settings.cost_usd(model, tokens, 0, 0)
             vectors = np.asarray([item.embedding for item in sorted(response.data, key=lambda d: d.index)], dtype=np.float32)
             return Answered(vectors, raw.headers, 0)
 

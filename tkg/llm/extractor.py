@@ -96,7 +96,7 @@ class _Stages(Counted):
     def usage_row(self, counter: str, usage: StageStats) -> dict | None:
         summary = usage.summary()
         return {
-            "stage": counter, "backend": "openai",
+            "stage": counter, "backend": "openai", "mode": self.client.request_mode(counter),
             "model": self.settings.embedding_model if counter == "embeddings" else self.settings.model(counter),
             **{k: v for k, v in summary.items() if k not in {"dropped_by_reason", "repaired_by_reason"}},
             "dropped_by_reason": json.dumps(summary["dropped_by_reason"], sort_keys=True),

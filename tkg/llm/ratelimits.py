@@ -10,7 +10,9 @@ minute), so the client can keep its own copy of it and spend it:
   the copy does not hold them the request waits exactly as long as the refill takes, instead
   of being sent to collide with a 429;
 - every answer re-bases the copy on what the provider said at that request's admission,
-  minus what was sent or generated since (so out-of-order answers cannot double count);
+  minus whatever may have been charged since: every request not answered before that one
+  went out counts as charged after it, since the order requests are sent in says nothing
+  about the order the provider admits them in;
 - concurrency is whatever the budgets allow, up to a high ceiling, not a fixed window;
 - a 429 that slips through (an estimate too low, another client on the same key) pauses
   sending until the provider's `retry-after-ms` and widens a reserve kept out of the budget,
@@ -36,8 +38,6 @@ log = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _KINDS = ("requests", "tokens")
-# Requests written to the wire this close together may reach the provider in either order.
-REORDER_WINDOW_S = 0.05
 # The ticket of the request the current task is sending: the HTTP client's request hook stamps
 # the moment its bytes go out, which can be long after the ticket was issued on a busy loop.
 CURRENT_TICKET: contextvars.ContextVar["Ticket | None"] = contextvars.ContextVar("tkg_rate_limit_ticket", default=None)
@@ -155,6 +155,7 @@ class Ticket:
     input_tokens: int
     output_tokens: int  # expected until the answer says; then the actual count
     paced: bool  # False: it went through the fallback window
+    charged: bool = False  # taken from the copy of the budgets (its output is corrected when known)
     sent_at: float | None = None  # when the request went out (the HTTP hook); None: not yet
     done_at: float | None = None
 
@@ -189,10 +190,9 @@ class _ModelState:
 
     budgets: dict[str, _Budget] = field(default_factory=dict)
     announces: bool | None = None  # None: no answer yet; False: answers carry no budgets
-    freshest: int = -1  # sequence of the request whose answer the budgets are based on
     reserve: float = 0.02  # share of the tokens budget kept back; widened by each 429
     blocked_until: float = 0.0
-    tickets: dict[int, Ticket] = field(default_factory=dict)  # sent and not yet accounted for by `freshest`
+    tickets: dict[int, Ticket] = field(default_factory=dict)  # that a later answer's re-base may still count
     rate_limited: int = 0
 
 
@@ -237,7 +237,9 @@ class RateLimitPacer:
                 if wait <= 0 and self.in_flight < self.ceiling:
                     for kind, budget in state.budgets.items():
                         budget.level -= 1 if kind == "requests" else input_tokens + output_tokens
-                    return self._issue(state, model, input_tokens, output_tokens, paced=True)
+                    ticket = self._issue(state, model, input_tokens, output_tokens, paced=True)
+                    ticket.charged = True
+                    return ticket
                 try:  # an answer may re-base the budgets sooner; otherwise wake when the refill is due
                     await asyncio.wait_for(self._condition.wait(), timeout=max(0.005, wait) if wait > 0 else None)
                 except asyncio.TimeoutError:
@@ -268,6 +270,8 @@ class RateLimitPacer:
         """Account for `ticket`'s answer: its headers re-base the budgets, a 429 pauses the model
         until its retry-after and widens the reserve. `answered` is False when no HTTP answer
         came (a timeout or a dropped connection)."""
+        if CURRENT_TICKET.get() is ticket:  # later requests of this task are not this ticket's
+            CURRENT_TICKET.set(None)
         if not ticket.paced:
             await self.fallback.release(rate_limited=rate_limited)
         async with self._condition:
@@ -278,6 +282,9 @@ class RateLimitPacer:
             if ticket.sent_at is None:  # never reached the wire (or no hook): dated by its issue
                 ticket.sent_at = ticket.issued_at
             if output_tokens is not None:
+                tokens = state.budgets.get("tokens")
+                if ticket.charged and tokens is not None:  # the copy took the expected output
+                    tokens.level += ticket.output_tokens - output_tokens
                 ticket.output_tokens = output_tokens
             elif rate_limited or not answered:
                 ticket.output_tokens = 0  # nothing was generated
@@ -291,7 +298,7 @@ class RateLimitPacer:
                 elif state.announces is None and not rate_limited:
                     state.announces = False
                     log.info("model %s: no rate-limit headers from the server; keeping the adaptive window", ticket.model)
-            if announced and ticket.sequence > state.freshest:
+            if announced:
                 self._rebase(state, ticket, announced, now)
             if rate_limited:
                 state.rate_limited += 1
@@ -310,42 +317,56 @@ class RateLimitPacer:
                         if budget is not None and value.remaining < cost:
                             budget.level = min(budget.level, cost - pause * budget.limit / 60.0)
                             budget.at = now
-            self._forget(state)
+            self._forget(state, now)
             self._condition.notify_all()
 
     @staticmethod
     def _rebase(state: _ModelState, ticket: Ticket, announced: dict[str, Announced], now: float) -> None:
-        """Budgets = what the provider said at `ticket`'s admission, minus what may have been
-        charged after it: requests sent later, and output generated since. The admission
-        happened somewhere between sending and now; taking it as now (no refill credited) is
-        the safe side: a busy client's requests can reach the provider well after they were
-        issued, and crediting that refill is what makes them collide."""
-        state.freshest = ticket.sequence
+        """Bring the copy of the budgets within what `ticket`'s answer proves. The provider said
+        `remaining` at the request's admission; what it has charged since is not known exactly:
+
+        - at most: this request's output, and every other request that was not answered before
+          this one went out, whole; with no refill credited (the admission may have been just
+          now). That is the lowest the budget can be: a copy below it is raised to it.
+        - at least: this request's output and the requests not sent yet, with the refill since
+          this one went out. That is the highest it can be: a copy above it is lowered to it.
+
+        In between, the copy's own accounting (each request charged when sent, its output
+        corrected when its answer says) is kept. Only an answer received before `ticket` went
+        out proves that a request was admitted ahead of it: on a busy machine a request sent
+        earlier can reach the provider seconds after one sent later (a new connection against a
+        kept-alive one, a provider working through a queue), and re-basing on the belief that it
+        was already charged is how a burst spent the same tokens twice. A budget seen for the
+        first time starts at the lowest reading."""
         base = ticket.went_out()
-        later_requests, later_tokens = 0, 0.0
+        since_requests, since_tokens, unsent_requests, unsent_tokens = 0, 0.0, 0, 0.0
         for other in state.tickets.values():
-            if other is ticket:
-                later_tokens += other.output_tokens  # its output is charged after its admission
-            elif other.sent_at is None or other.sent_at > base - REORDER_WINDOW_S:
-                # Went out after it (or not yet): not in the announced figure.
-                later_requests += 1
-                later_tokens += other.input_tokens + other.output_tokens
-            elif other.done_at is None or other.done_at > base:
-                later_tokens += other.output_tokens  # output is charged when it is known
+            if other is ticket or (other.done_at is not None and other.done_at < base):
+                continue
+            since_requests += 1
+            since_tokens += other.input_tokens + other.output_tokens
+            if other.sent_at is None and other.done_at is None:
+                unsent_requests += 1
+                unsent_tokens += other.input_tokens + other.output_tokens
         for kind, value in announced.items():
-            level = value.remaining - (later_requests if kind == "requests" else later_tokens)
-            state.budgets[kind] = _Budget(value.limit, min(float(value.limit), level), now)
+            own = 0 if kind == "requests" else ticket.output_tokens  # charged after its admission
+            lowest = value.remaining - own - (since_requests if kind == "requests" else since_tokens)
+            highest = (value.remaining + (now - base) * value.limit / 60.0 - own
+                       - (unsent_requests if kind == "requests" else unsent_tokens))
+            budget = state.budgets.get(kind)
+            if budget is None or budget.limit != value.limit:
+                state.budgets[kind] = _Budget(value.limit, min(float(value.limit), lowest), now)
+                for other in state.tickets.values():
+                    other.charged = other.charged or other.done_at is None  # the lowest reading took them
+                continue
+            budget.refill(now)
+            budget.level = min(max(budget.level, lowest), highest, float(value.limit))
 
     @staticmethod
-    def _forget(state: _ModelState) -> None:
-        """Drop tickets no future re-base can count: answered before the freshest one was sent."""
-        freshest = state.tickets.get(state.freshest)
-        if freshest is None:
-            horizon = time.monotonic() - 120.0
-            stale = [s for s, t in state.tickets.items() if t.done_at is not None and t.done_at < horizon]
-        else:
-            base = freshest.went_out()
-            stale = [s for s, t in state.tickets.items() if s != state.freshest and t.done_at is not None
-                     and t.done_at < base and t.sent_at is not None and t.sent_at < base - REORDER_WINDOW_S]
+    def _forget(state: _ModelState, now: float) -> None:
+        """Drop tickets no future re-base can count: answered before every request still in
+        flight (and any issued from now on) went out."""
+        horizon = min([now, *(t.went_out() for t in state.tickets.values() if t.done_at is None)])
+        stale = [s for s, t in state.tickets.items() if t.done_at is not None and t.done_at < horizon]
         for sequence in stale:
             del state.tickets[sequence]
