@@ -144,7 +144,7 @@ REEXECUTE = """mutation($params: ReexecutionParams!) { reexecutePartitionBackfil
 BACKFILL = """query($id: String!) { partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill {
   status numPartitions assetBackfillData { assetBackfillStatuses { ... on AssetPartitionsStatusCounts {
   assetKey { path } numPartitionsTargeted numPartitionsInProgress numPartitionsMaterialized numPartitionsFailed } } } } } }"""
-RUNS = """{ runsOrError { ... on Runs { results { runId status jobName startTime endTime
+RUNS = """{ runsOrError { ... on Runs { results { runId status jobName creationTime startTime endTime
   tags { key value } assetSelection { path } } } } }"""
 
 
@@ -192,8 +192,24 @@ def backfill(dagster: Dagster, params: dict, quiet: float, mutation: str = LAUNC
         "run_seconds": sorted(round(run["endTime"] - run["startTime"], 1) for run in of_backfill
                               if run["startTime"] and run["endTime"]),
         "partitions": {key: {k: v for k, v in status.items() if k.startswith("num")} for key, status in counts.items()},
+        "timeline": timeline(current, launched, of_backfill),
         "progress": progress,
     }
+
+
+def timeline(current: list[dict], launched: float, of_backfill: list[dict]) -> list[dict]:
+    """Every run the backfill caused, in start order, in seconds from the launch: when it was
+    created (queued), started and ended, what it ran, and the idle gap before it (no run of the
+    backfill's in progress: sensor ticks, queue and run start-up)."""
+    rows, busy_until = [], launched
+    for run in sorted(current, key=lambda run: run["startTime"] or run["creationTime"]):
+        started, ended = run["startTime"] or run["creationTime"], run["endTime"] or run["creationTime"]
+        rows.append({"job": run["jobName"], "backfill": run in of_backfill, "status": run["status"],
+                     "assets": sorted("/".join(key["path"]) for key in run["assetSelection"] or [])[:12],
+                     "created": round(run["creationTime"] - launched, 1), "started": round(started - launched, 1),
+                     "ended": round(ended - launched, 1), "idle_before": round(max(0.0, started - busy_until), 1)})
+        busy_until = max(busy_until, ended)
+    return rows
 
 
 def runs(dagster: Dagster) -> list[dict]:

@@ -30,10 +30,13 @@ from tkg.build.runner import (
     run_partitions,
 )
 from tkg.build.stages import Runtime, stale_work
+from tkg.core.machine import usable_cores
 from tkg.core.partitions import parse_key
 from tkg.core.versions import Stamp
 from tkg.settings import Settings
 from tkg_assets.assets.common import stage_metadata, version_tags
+from tkg_assets.assets.warehouse import publish_events
+from tkg_assets.instance import DUCKDB_POOL
 from tkg_assets.partitions import partition_key
 
 # Who follows a build as its partitions land: `tkg build`'s progress bar, in its own process
@@ -109,18 +112,18 @@ def build_partitions():
 
 
 class GlobalSteps(dg.Config):
-    """How `refresh_graph` runs the global half."""
+    """How `refresh_graph` and `refresh_and_publish` run the global half."""
 
-    workers: int = 1  # processes running shards side by side
+    workers: int = 0  # processes running shards side by side; 0: one per core where the run runs
     log_level: str = "WARNING"  # of tkg's loggers in the worker processes
 
 
-@dg.op(out={}, description="Run the global and shard steps that do not cover their inputs (shards in worker processes), "
-                   "and record each one's materialisation.")
-def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, storage: TkgStorage, source: TranscriptSource,
-                         extraction: ExtractionBackend):
-    settings = settings_of(storage, source, extraction)
-    runtime = Runtime.open(settings, api_key=extraction.api_key)
+def refresh_global(log, settings: Settings, config: GlobalSteps, api_key: str | None) -> Iterator[dg.AssetMaterialization]:
+    """Run the global and shard steps that do not cover their inputs, in catalog order, and
+    yield each one's materialisations. A step that fails raises a Failure once its other shards
+    have landed: nothing after it runs, and the graph keeps its last good contents."""
+    runtime = Runtime.open(settings, api_key=api_key)
+    workers = config.workers or usable_cores()
     upstream_ran = False
     for stage in catalog.GLOBAL:
         stale = stale_work(runtime, stage)
@@ -129,13 +132,13 @@ def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, st
         kept = [shard for shard in catalog.shard_keys(settings.shards) if shard not in stale] \
             if stage.sharded and upstream_ran else []
         if not stale and not kept:
-            context.log.info(f"{stage.name}: current, skipped")
+            log.info(f"{stage.name}: current, skipped")
             continue
         running = f"running {', '.join(stale) if stage.sharded else 'over every partition'}" if stale else "nothing to run"
-        context.log.info(f"{stage.name}: {running}" + (f"; shards {', '.join(kept)} kept" if kept else ""))
+        log.info(f"{stage.name}: {running}" + (f"; shards {', '.join(kept)} kept" if kept else ""))
         if stage.sharded:
             tasks = [ShardTask(stage.name, shard) for shard in stale]
-            outcomes = list(run_partitions(settings.for_workers(config.workers), tasks, config.workers, config.log_level))
+            outcomes = list(run_partitions(settings.for_workers(workers), tasks, workers, config.log_level))
             outcomes += [build_one(settings, ShardTask(stage.name, shard)) for shard in kept]
         else:
             outcomes = [build_one(settings, GlobalTask(stage.name))]
@@ -151,7 +154,32 @@ def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, st
                 metadata={"failed": dg.MetadataValue.json({outcome.key: outcome.error for outcome in failed})})
 
 
+@dg.op(out={}, description="Run the global and shard steps that do not cover their inputs (shards in worker processes), "
+                   "and record each one's materialisation.")
+def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, storage: TkgStorage, source: TranscriptSource,
+                         extraction: ExtractionBackend):
+    yield from refresh_global(context.log, settings_of(storage, source, extraction), config, extraction.api_key)
+
+
 @dg.job(description="What `tkg build` runs after the partitions: the global steps and every stale shard of the shard "
                     "steps (resolution, invalidation, retention). Each is recorded as if its asset had run.")
 def refresh_graph():
     refresh_global_steps()
+
+
+@dg.op(out={}, pool=DUCKDB_POOL,
+       description="The global half, then one publish: run the global and shard steps that do not cover their inputs, "
+                   "publish tkg.duckdb with its checks and describe the SQL models, recording each as its asset would.")
+def refresh_and_publish_graph(context: dg.OpExecutionContext, config: GlobalSteps, storage: TkgStorage,
+                              source: TranscriptSource, extraction: ExtractionBackend):
+    settings = settings_of(storage, source, extraction)
+    context.log.info(f"refreshing the global half, then publishing; {settings.describe()}")
+    yield from refresh_global(context.log, settings, config, extraction.api_key)
+    yield from publish_events(context, settings)
+
+
+@dg.job(description="What the `tkg_automation` sensor runs once partitions have landed and nothing is running: the "
+                    "global half and the publish in ONE run (one start-up, one publish at the end; a failing step or "
+                    "blocking check publishes nothing).")
+def refresh_and_publish():
+    refresh_and_publish_graph()
