@@ -72,14 +72,14 @@ def refresh_request(instance: dg.DagsterInstance) -> dg.RunRequest | dg.SkipReas
     if instance.get_backfills(filters=BulkActionsFilter(statuses=[BulkActionStatus.REQUESTED]), limit=1):
         return dg.SkipReason("a backfill is still requesting runs; the global half waits until it is done")
     last = _last_materialisations(instance, [*PARTITIONED_NAMES, *(stage.name for stage in GLOBAL), WAREHOUSE.name])
-    published = last.pop(WAREHOUSE.name, (0, ""))[0]
-    refreshing_runs = {run.run_id for run in instance.get_runs(
-        dg.RunsFilter(run_ids=list({run_id for _, run_id in last.values() if run_id})))
-        if run.job_name in REFRESH_JOBS}
-    landed = [storage_id for name, (storage_id, run_id) in last.items()
-              if name in PARTITIONED_NAMES or run_id not in refreshing_runs]
     if not any(stage in last for stage in PARTITIONED_NAMES):
         return dg.SkipReason("no partition has been materialised yet")
+    published = last.pop(WAREHOUSE.name, (0, ""))[0]
+    run_ids = sorted({run_id for _, run_id in last.values() if run_id})
+    refreshing_runs = {run.run_id for run in instance.get_runs(dg.RunsFilter(run_ids=run_ids))
+                       if run.job_name in REFRESH_JOBS} if run_ids else set()
+    landed = [storage_id for name, (storage_id, run_id) in last.items()
+              if name in PARTITIONED_NAMES or run_id not in refreshing_runs]
     newest = max(landed, default=0)
     if newest <= published:
         return dg.SkipReason("the published graph covers every partition that has landed")
