@@ -1,5 +1,7 @@
 """The jobs `tkg build` runs: `build_partitions` rebuilds many partitions in one Dagster run,
-and `refresh_graph` runs the global half (global and shard steps) in another.
+and `refresh_graph` runs the global half (global and shard steps) in another; and the one the
+`tkg_automation` sensor runs after a backfill: `refresh_and_publish`, the global half and the
+publish in one run. The weekly schedule asks for `build_partitions` runs too.
 
 `tkg build` runs this one-op job: the op builds the stale partitions in worker processes
 (`tkg.build.runner`) and records, as each partition lands, a materialisation of every stage it
@@ -12,7 +14,9 @@ the same `record_partitions`, so a partition looks the same whichever path built
 inputs runs in the op's process (its set work spills to disk), and each stale shard of a shard
 step runs in a worker process of its own, so a shard's memory is its own; every step and
 shard it ran is recorded as a materialisation. Steps and shards already current are skipped:
-a change reruns only what it reaches.
+a change reruns only what it reaches. `refresh_and_publish` then publishes the warehouse and
+describes the SQL models in the same step, recording them as their assets would; a step that
+failed leaves nothing published.
 """
 
 from collections.abc import Callable, Iterator
