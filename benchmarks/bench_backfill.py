@@ -145,7 +145,7 @@ BACKFILL = """query($id: String!) { partitionBackfillOrError(backfillId: $id) { 
   status numPartitions assetBackfillData { assetBackfillStatuses { ... on AssetPartitionsStatusCounts {
   assetKey { path } numPartitionsTargeted numPartitionsInProgress numPartitionsMaterialized numPartitionsFailed } } } } } }"""
 RUNS = """{ runsOrError { ... on Runs { results { runId status jobName creationTime startTime endTime
-  tags { key value } assetSelection { path } } } } }"""
+  tags { key value } assetSelection { path } stepStats { stepKey startTime endTime } } } } }"""
 
 
 def backfill(dagster: Dagster, params: dict, quiet: float, mutation: str = LAUNCH) -> dict:
@@ -199,15 +199,19 @@ def backfill(dagster: Dagster, params: dict, quiet: float, mutation: str = LAUNC
 
 def timeline(current: list[dict], launched: float, of_backfill: list[dict]) -> list[dict]:
     """Every run the backfill caused, in start order, in seconds from the launch: when it was
-    created (queued), started and ended, what it ran, and the idle gap before it (no run of the
-    backfill's in progress: sensor ticks, queue and run start-up)."""
+    created (queued), started and ended, when its steps started and ended, what it ran, and
+    the idle gap before it (no run of the backfill's in progress: daemon ticks, the queue, a
+    run's launch)."""
     rows, busy_until = [], launched
     for run in sorted(current, key=lambda run: run["startTime"] or run["creationTime"]):
         started, ended = run["startTime"] or run["creationTime"], run["endTime"] or run["creationTime"]
         rows.append({"job": run["jobName"], "backfill": run in of_backfill, "status": run["status"],
                      "assets": sorted("/".join(key["path"]) for key in run["assetSelection"] or [])[:12],
                      "created": round(run["creationTime"] - launched, 1), "started": round(started - launched, 1),
-                     "ended": round(ended - launched, 1), "idle_before": round(max(0.0, started - busy_until), 1)})
+                     "ended": round(ended - launched, 1), "idle_before": round(max(0.0, started - busy_until), 1),
+                     # the steps' own seconds: the rest of the run is its start-up (process, code load) and end
+                     "steps": {step["stepKey"]: [round(step["startTime"] - launched, 1), round(step["endTime"] - launched, 1)]
+                               for step in run["stepStats"] if step["startTime"] and step["endTime"]}})
         busy_until = max(busy_until, ended)
     return rows
 

@@ -61,15 +61,27 @@ def _last_materialisations(instance: dg.DagsterInstance, names: Iterable[str]) -
     return last
 
 
+def _still_requesting(backfill) -> bool:
+    """Whether a backfill has runs left to ask for. An asset backfill has none once every
+    partition it targets was requested (or given up, failed upstream): its runs are then
+    queued or done, and the refresh need not wait for the backfill daemon's next tick (up to
+    30 s) to mark it finished. A job backfill is waited for until it is done."""
+    data = backfill.asset_backfill_data
+    if data is None:
+        return True
+    return not (data.target_subset - data.requested_subset - data.failed_and_downstream_subset).is_empty
+
+
 def refresh_request(instance: dg.DagsterInstance) -> dg.RunRequest | dg.SkipReason:
     """The one `refresh_and_publish` run to start, if partitions (or global steps run by hand)
     have landed since the last publish and nothing is running or waiting to: no run in
-    progress or queued, no backfill still requesting. The run key is the newest of those
+    progress or queued, no backfill with runs left to request. The run key is the newest of those
     materialisations, so each landing is refreshed once, and a refresh that failed is not
     retried until something new lands (re-execute it from the UI to retry sooner)."""
     if instance.get_runs(dg.RunsFilter(statuses=NOT_FINISHED), limit=1):
         return dg.SkipReason("runs are in progress or queued; the global half waits until they are done")
-    if instance.get_backfills(filters=BulkActionsFilter(statuses=[BulkActionStatus.REQUESTED]), limit=1):
+    if any(_still_requesting(backfill) for backfill in
+           instance.get_backfills(filters=BulkActionsFilter(statuses=[BulkActionStatus.REQUESTED]))):
         return dg.SkipReason("a backfill is still requesting runs; the global half waits until it is done")
     last = _last_materialisations(instance, [*PARTITIONED_NAMES, *(stage.name for stage in GLOBAL), WAREHOUSE.name])
     if not any(stage in last for stage in PARTITIONED_NAMES):
