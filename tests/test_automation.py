@@ -75,3 +75,34 @@ def test_the_refresh_is_asked_for_once_partitions_have_landed_and_nothing_runs()
         assert isinstance(again, dg.RunRequest) and again.run_key != first.run_key
 
 
+
+
+def test_the_weekly_schedule_builds_the_stale_partitions_in_batched_runs(tmp_path, monkeypatch):
+    """A tick of the schedule over the sample, and its requests run as the daemon would run them:
+    a company's partitions per run, at most TKG_PARTITIONS_PER_RUN, each partition recorded as a
+    materialisation of every stage; the next tick finds nothing stale."""
+    from resources.tkg import resources_for
+    from tkg.settings import Settings
+    from tkg_assets.definitions import build_definitions
+
+    monkeypatch.setenv("TKG_PARTITIONS_PER_RUN", "3")
+    settings = Settings.resolve(home=tmp_path / "home", source="sample", backend="offline", shards=2)
+    loaded = build_definitions(settings, executor=dg.in_process_executor)
+    schedule, job = loaded.resolve_schedule_def("weekly_new_transcripts"), loaded.resolve_job_def("build_partitions")
+    with_call = {str(partition_key(*p)) for p in load_source("sample").partitions()}
+    with dg.instance_for_test() as instance:
+        def tick():
+            context = dg.build_schedule_context(instance=instance, resources=resources_for(settings))
+            return schedule.evaluate_tick(context)
+
+        requests = tick().run_requests
+        held = [set(request.run_config["ops"]["build_stale_partitions"]["config"]["stages"]) for request in requests]
+        assert [len(keys) for keys in held] == [3, 3, 1, 1]  # two companies of four calls, three a run
+        assert all(len({key.split("|")[0] for key in keys}) == 1 for keys in held)
+        assert set().union(*held) == with_call
+        for request in requests:
+            assert job.execute_in_process(run_config=request.run_config, instance=instance, tags=request.tags).success
+        for stage in PARTITION_STEPS:
+            records = instance.fetch_materializations(dg.AssetKey(stage), limit=100).records
+            assert sorted(record.partition_key for record in records) == sorted(with_call), stage
+        assert not tick().run_requests  # built: nothing stale
