@@ -116,10 +116,17 @@ def build_partitions():
 
 
 class GlobalSteps(dg.Config):
-    """How `refresh_graph` and `refresh_and_publish` run the global half."""
+    """How `refresh_graph` runs the global half."""
 
-    workers: int = 0  # processes running shards side by side; 0: one per core where the run runs
+    workers: int = 1  # processes running shards side by side; 0: one per core where the run runs
     log_level: str = "WARNING"  # of tkg's loggers in the worker processes
+
+
+class RefreshAndPublish(GlobalSteps):
+    """How `refresh_and_publish` runs the global half: by default, as the shard assets do, one
+    shard process per core of the machine the run runs on."""
+
+    workers: int = 0
 
 
 def refresh_global(log, settings: Settings, config: GlobalSteps, api_key: str | None) -> Iterator[dg.AssetMaterialization]:
@@ -174,7 +181,7 @@ def refresh_graph():
 @dg.op(out={}, pool=DUCKDB_POOL,
        description="The global half, then one publish: run the global and shard steps that do not cover their inputs, "
                    "publish tkg.duckdb with its checks and describe the SQL models, recording each as its asset would.")
-def refresh_and_publish_graph(context: dg.OpExecutionContext, config: GlobalSteps, storage: TkgStorage,
+def refresh_and_publish_graph(context: dg.OpExecutionContext, config: RefreshAndPublish, storage: TkgStorage,
                               source: TranscriptSource, extraction: ExtractionBackend):
     settings = settings_of(storage, source, extraction)
     context.log.info(f"refreshing the global half, then publishing; {settings.describe()}")
