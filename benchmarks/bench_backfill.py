@@ -281,7 +281,7 @@ def extrapolate(results: dict, sizes: tuple[int, ...] = (20_000, 200_000)) -> di
     batched = next((v for k, v in variants.items() if k.startswith("per_run_") and k != "per_run_1"), None)
     if not single or not batched or not single["run_seconds"] or not batched["run_seconds"]:
         return {}
-    per_run = int(next(k for k, v in variants.items() if v is batched).removeprefix("per_run_"))
+    per_run = int(next(k for k, v in variants.items() if v is batched).removeprefix("per_run_").split("_")[0])
     cores = results["machine"]["cpus"] or 1
     one = statistics.median(single["run_seconds"])
     targeted = batched["partitions"]["transcripts"]["numPartitionsTargeted"]
@@ -306,6 +306,7 @@ def main() -> None:
     parser.add_argument("--source", default="sample", help="'sample' (default) or 'corpus' (the real corpus in ../shared)")
     parser.add_argument("--variants", default="50,1", help="TKG_PARTITIONS_PER_RUN values to run (default 50,1)")
     parser.add_argument("--run-workers", type=int, default=1, help="TKG_RUN_WORKERS of the variants (default 1)")
+    parser.add_argument("--executor", help="TKG_EXECUTOR of the variants (default: unset, multiprocess)")
     parser.add_argument("--baseline", help="a git revision of tkg to backfill with too, at its own defaults")
     parser.add_argument("--fail-one", action="store_true", help="also: one partition made to fail, then re-executed")
     parser.add_argument("--quiet", type=float, default=75.0,
@@ -340,7 +341,9 @@ def main() -> None:
         reference = published(build_home)
         params = {"assetSelection": [{"path": [name]} for name in PARTITIONED], "allPartitions": True}
         variants: list[tuple[str, Path, dict]] = [
-            (f"per_run_{value}", ROOT, {"TKG_PARTITIONS_PER_RUN": value, "TKG_RUN_WORKERS": str(args.run_workers)})
+            (f"per_run_{value}" + (f"_{args.executor}" if args.executor else ""), ROOT,
+             {"TKG_PARTITIONS_PER_RUN": value, "TKG_RUN_WORKERS": str(args.run_workers),
+              **({"TKG_EXECUTOR": args.executor} if args.executor else {})})
             for value in args.variants.split(",") if value]
         if args.baseline:
             variants.append((f"baseline_{args.baseline}", baseline_tree(args.baseline, scratch / "baseline"), {}))
@@ -380,7 +383,8 @@ def fail_one(source: str, scratch: Path, args, params: dict, reference: dict) ->
     shutil.copy(damaged, live)
     home = scratch / "fail_one"
     value = args.variants.split(",")[0]
-    dagster = Dagster(ROOT, home, str(live), {"TKG_PARTITIONS_PER_RUN": value, "TKG_RUN_WORKERS": str(args.run_workers)})
+    dagster = Dagster(ROOT, home, str(live), {"TKG_PARTITIONS_PER_RUN": value, "TKG_RUN_WORKERS": str(args.run_workers),
+                                              **({"TKG_EXECUTOR": args.executor} if args.executor else {})})
     try:
         first = backfill(dagster, params, args.quiet)
         failed_first = failed_partitions(home)

@@ -7,6 +7,7 @@ import os
 import shutil
 
 import dagster as dg
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -127,3 +128,15 @@ def test_a_sql_model_code_version_changes_with_its_own_sql_only(tmp_path):
         name: version for name, version in published.items() if name != "facts"}
     readers_of_facts = {model.name for model in load_models(copy) if "facts" in model.depends_on}
     assert {"officers", "facts_as_of"} <= readers_of_facts  # kept their versions above
+
+
+def test_the_executor_follows_tkg_executor(monkeypatch):
+    from tkg_assets.definitions import executor_from_env
+
+    monkeypatch.delenv("TKG_EXECUTOR", raising=False)
+    assert executor_from_env() is None  # Dagster's default: a subprocess per step
+    monkeypatch.setenv("TKG_EXECUTOR", "in_process")
+    assert executor_from_env() is dg.in_process_executor
+    monkeypatch.setenv("TKG_EXECUTOR", "threads")
+    with pytest.raises(ValueError, match="'in_process'"):
+        executor_from_env()

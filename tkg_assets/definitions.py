@@ -41,7 +41,10 @@ def pipeline_assets(settings: Settings) -> tuple[list, list]:
 def executor_from_env() -> dg.ExecutorDefinition | None:
     """The executor of the code location's runs, chosen by TKG_EXECUTOR.
 
-    Unset or 'multiprocess': Dagster's default, each step in a subprocess of its run. 'celery':
+    Unset or 'multiprocess': Dagster's default, each step in a subprocess of its run.
+    'in_process': each step in its run's own process, one after the other (a run of
+    `partition_stages` or `refresh_and_publish` is one step, so this saves a process and a load
+    of the code location per run). 'celery':
     each step is a task for a Celery worker on any machine (dagster-celery, in the `distributed`
     extra), through the broker and result backend named by TKG_CELERY_BROKER and
     TKG_CELERY_BACKEND, read where each run starts (see deploy/README.md).
@@ -49,13 +52,15 @@ def executor_from_env() -> dg.ExecutorDefinition | None:
     choice = os.environ.get("TKG_EXECUTOR") or "multiprocess"
     if choice == "multiprocess":
         return None
+    if choice == "in_process":
+        return dg.in_process_executor
     if choice == "celery":
         try:
             from dagster_celery import celery_executor
         except ImportError as missing:
             raise ImportError("TKG_EXECUTOR=celery needs dagster-celery; pip install 'tkg[distributed]'") from missing
         return celery_executor.configured({"broker": {"env": "TKG_CELERY_BROKER"}, "backend": {"env": "TKG_CELERY_BACKEND"}})
-    raise ValueError(f"TKG_EXECUTOR={choice!r} is not an executor tkg knows; use 'multiprocess' (the default) or 'celery'")
+    raise ValueError(f"TKG_EXECUTOR={choice!r} is not an executor tkg knows; use 'multiprocess' (the default), 'in_process' or 'celery'")
 
 
 def build_definitions(settings: Settings, executor: dg.ExecutorDefinition | None = None,
