@@ -310,7 +310,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git revision of tkg to backfill with too, at its own defaults")
     parser.add_argument("--fail-one", action="store_true", help="also: one partition made to fail, then re-executed")
     parser.add_argument("--quiet", type=float, default=75.0,
-                        help="seconds with no run in progress that end a backfill (the sensor ticks every 30)")
+                        help="seconds with no run in progress that end a backfill (the sensor ticks every 15)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the data folders")
     parser.add_argument("--extrapolate-from", type=Path, help="only add the on-paper figures to a results file")
