@@ -144,8 +144,8 @@ REEXECUTE = """mutation($params: ReexecutionParams!) { reexecutePartitionBackfil
 BACKFILL = """query($id: String!) { partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill {
   status numPartitions assetBackfillData { assetBackfillStatuses { ... on AssetPartitionsStatusCounts {
   assetKey { path } numPartitionsTargeted numPartitionsInProgress numPartitionsMaterialized numPartitionsFailed } } } } } }"""
-RUNS = """{ runsOrError { ... on Runs { results { runId status jobName startTime endTime
-  tags { key value } assetSelection { path } } } } }"""
+RUNS = """{ runsOrError { ... on Runs { results { runId status jobName creationTime startTime endTime
+  tags { key value } assetSelection { path } stepStats { stepKey startTime endTime } } } } }"""
 
 
 def backfill(dagster: Dagster, params: dict, quiet: float, mutation: str = LAUNCH) -> dict:
@@ -192,8 +192,28 @@ def backfill(dagster: Dagster, params: dict, quiet: float, mutation: str = LAUNC
         "run_seconds": sorted(round(run["endTime"] - run["startTime"], 1) for run in of_backfill
                               if run["startTime"] and run["endTime"]),
         "partitions": {key: {k: v for k, v in status.items() if k.startswith("num")} for key, status in counts.items()},
+        "timeline": timeline(current, launched, of_backfill),
         "progress": progress,
     }
+
+
+def timeline(current: list[dict], launched: float, of_backfill: list[dict]) -> list[dict]:
+    """Every run the backfill caused, in start order, in seconds from the launch: when it was
+    created (queued), started and ended, when its steps started and ended, what it ran, and
+    the idle gap before it (no run of the backfill's in progress: daemon ticks, the queue, a
+    run's launch)."""
+    rows, busy_until = [], launched
+    for run in sorted(current, key=lambda run: run["startTime"] or run["creationTime"]):
+        started, ended = run["startTime"] or run["creationTime"], run["endTime"] or run["creationTime"]
+        rows.append({"job": run["jobName"], "backfill": run in of_backfill, "status": run["status"],
+                     "assets": sorted("/".join(key["path"]) for key in run["assetSelection"] or [])[:12],
+                     "created": round(run["creationTime"] - launched, 1), "started": round(started - launched, 1),
+                     "ended": round(ended - launched, 1), "idle_before": round(max(0.0, started - busy_until), 1),
+                     # the steps' own seconds: the rest of the run is its start-up (process, code load) and end
+                     "steps": {step["stepKey"]: [round(step["startTime"] - launched, 1), round(step["endTime"] - launched, 1)]
+                               for step in run["stepStats"] if step["startTime"] and step["endTime"]}})
+        busy_until = max(busy_until, ended)
+    return rows
 
 
 def runs(dagster: Dagster) -> list[dict]:
@@ -261,7 +281,7 @@ def extrapolate(results: dict, sizes: tuple[int, ...] = (20_000, 200_000)) -> di
     batched = next((v for k, v in variants.items() if k.startswith("per_run_") and k != "per_run_1"), None)
     if not single or not batched or not single["run_seconds"] or not batched["run_seconds"]:
         return {}
-    per_run = int(next(k for k, v in variants.items() if v is batched).removeprefix("per_run_"))
+    per_run = int(next(k for k, v in variants.items() if v is batched).removeprefix("per_run_").split("_")[0])
     cores = results["machine"]["cpus"] or 1
     one = statistics.median(single["run_seconds"])
     targeted = batched["partitions"]["transcripts"]["numPartitionsTargeted"]
@@ -286,10 +306,11 @@ def main() -> None:
     parser.add_argument("--source", default="sample", help="'sample' (default) or 'corpus' (the real corpus in ../shared)")
     parser.add_argument("--variants", default="50,1", help="TKG_PARTITIONS_PER_RUN values to run (default 50,1)")
     parser.add_argument("--run-workers", type=int, default=1, help="TKG_RUN_WORKERS of the variants (default 1)")
+    parser.add_argument("--executor", help="TKG_EXECUTOR of the variants (default: unset, multiprocess)")
     parser.add_argument("--baseline", help="a git revision of tkg to backfill with too, at its own defaults")
     parser.add_argument("--fail-one", action="store_true", help="also: one partition made to fail, then re-executed")
     parser.add_argument("--quiet", type=float, default=75.0,
-                        help="seconds with no run in progress that end a backfill (the sensor ticks every 30)")
+                        help="seconds with no run in progress that end a backfill (the sensor ticks every 15)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the data folders")
     parser.add_argument("--extrapolate-from", type=Path, help="only add the on-paper figures to a results file")
@@ -320,7 +341,9 @@ def main() -> None:
         reference = published(build_home)
         params = {"assetSelection": [{"path": [name]} for name in PARTITIONED], "allPartitions": True}
         variants: list[tuple[str, Path, dict]] = [
-            (f"per_run_{value}", ROOT, {"TKG_PARTITIONS_PER_RUN": value, "TKG_RUN_WORKERS": str(args.run_workers)})
+            (f"per_run_{value}" + (f"_{args.executor}" if args.executor else ""), ROOT,
+             {"TKG_PARTITIONS_PER_RUN": value, "TKG_RUN_WORKERS": str(args.run_workers),
+              **({"TKG_EXECUTOR": args.executor} if args.executor else {})})
             for value in args.variants.split(",") if value]
         if args.baseline:
             variants.append((f"baseline_{args.baseline}", baseline_tree(args.baseline, scratch / "baseline"), {}))
@@ -360,7 +383,8 @@ def fail_one(source: str, scratch: Path, args, params: dict, reference: dict) ->
     shutil.copy(damaged, live)
     home = scratch / "fail_one"
     value = args.variants.split(",")[0]
-    dagster = Dagster(ROOT, home, str(live), {"TKG_PARTITIONS_PER_RUN": value, "TKG_RUN_WORKERS": str(args.run_workers)})
+    dagster = Dagster(ROOT, home, str(live), {"TKG_PARTITIONS_PER_RUN": value, "TKG_RUN_WORKERS": str(args.run_workers),
+                                              **({"TKG_EXECUTOR": args.executor} if args.executor else {})})
     try:
         first = backfill(dagster, params, args.quiet)
         failed_first = failed_partitions(home)

@@ -17,8 +17,13 @@ import dagster as dg
 import pytest
 
 from tests.conftest import ROOT
-from tkg.build.catalog import PARTITIONED_NAMES
+from tkg.build import catalog
+from tkg.build.catalog import GLOBAL, PARTITIONED_NAMES
 from tkg.core.paths import SAMPLE_DIR
+from tkg.store.checks import CHECKS
+from tkg.store.warehouse import load_models
+from tkg_assets.automation import refresh_request
+from tkg_assets.partitions import partition_key
 
 VICTIM = "HLIO|2024-07-01"  # the sample's HLIO call of August 2024
 LAUNCH = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
@@ -66,7 +71,7 @@ def daemon(tmp_path, monkeypatch):
             LoadableTargetOrigin(python_file=str(location), attribute="defs", working_directory=str(ROOT)),
             location_name="tkg"))
         with create_test_daemon_workspace_context(target, instance) as context:
-            yield context, instance, source, original
+            yield context, instance, source, original, tmp_path / "home"
 
 
 def _mutate(context, mutation: str, params: dict) -> str:
@@ -95,6 +100,16 @@ def _run_backfill(context, instance, backfill_id: str):
     raise AssertionError(f"backfill {backfill_id} still {backfill.status} after 30 daemon iterations; runs {states}")
 
 
+def _tick_refresh_sensor(context, instance) -> list:
+    """One tick of the sensor daemon (the `tkg_automation` sensor's runs execute as launched);
+    the runs it started."""
+    from dagster._daemon.sensor import execute_sensor_iteration
+
+    before = {run.run_id for run in instance.get_runs()}
+    list(execute_sensor_iteration(context, logging.getLogger("test_backfill"), None, None))
+    return [run for run in instance.get_runs() if run.run_id not in before]
+
+
 def _failed_partitions(instance, asset: str, partitions_def) -> set[str]:
     """What the asset's partition view shows failed."""
     from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
@@ -111,7 +126,7 @@ def _materialisations(instance, asset: str) -> Counter:
 def test_batched_backfill_fails_the_bad_partition_alone_and_its_retry_rebuilds_only_it(daemon):
     from dagster._core.execution.backfill import BulkActionStatus
 
-    context, instance, source, original = daemon
+    context, instance, source, original, home = daemon
     request = context.create_request_context()
     graph = request.asset_graph
     partitions_def = graph.get(dg.AssetKey("transcripts")).partitions_def
@@ -122,6 +137,7 @@ def test_batched_backfill_fails_the_bad_partition_alone_and_its_retry_rebuilds_o
 
     first = _mutate(context, LAUNCH, {"assetSelection": [{"path": [name]} for name in PARTITIONED_NAMES],
                                       "allPartitions": True})
+    assert isinstance(refresh_request(instance), dg.SkipReason)  # the backfill has not requested its runs yet
     backfill = _run_backfill(context, instance, first)
     assert backfill.status == BulkActionStatus.COMPLETED_FAILED
 
@@ -159,6 +175,13 @@ def test_batched_backfill_fails_the_bad_partition_alone_and_its_retry_rebuilds_o
     empty = {r.partition_key for r in quiet if r.asset_materialization.metadata["dagster/row_count"].value == 0}
     assert empty == every - with_call  # quarters without a call: settled, with no rows
 
+    # once the backfill is done, the global half and the publish run as ONE run, the sensor's
+    refresh = _tick_refresh_sensor(context, instance)
+    assert [(run.job_name, run.status) for run in refresh] == [("refresh_and_publish", dg.DagsterRunStatus.SUCCESS)]
+    assert _published_calls(home) == with_call - {VICTIM}  # the victim kept no output: the others are published
+    _assert_refreshed_once(instance, refresh[0].run_id)
+    assert isinstance(refresh_request(instance), dg.SkipReason)  # nothing landed since: no second refresh
+
     # the row is fixed; the UI's "re-execute from failure" rebuilds the victim, and only it
     source.write_text(original)
     retry = _mutate(context, REEXECUTE, {"parentRunId": first, "strategy": "FROM_FAILURE"})
@@ -168,3 +191,31 @@ def test_batched_backfill_fails_the_bad_partition_alone_and_its_retry_rebuilds_o
     for stage in PARTITIONED_NAMES:
         assert _failed_partitions(instance, stage, partitions_def) == set(), stage
         assert _materialisations(instance, stage) == Counter(every), stage  # each partition built once
+    refresh = _tick_refresh_sensor(context, instance)
+    assert [(run.job_name, run.status) for run in refresh] == [("refresh_and_publish", dg.DagsterRunStatus.SUCCESS)]
+    assert _published_calls(home) == with_call  # healed
+    _assert_refreshed_once(instance, refresh[0].run_id)
+
+
+def _published_calls(home: Path) -> set[str]:
+    import duckdb
+
+    with duckdb.connect(str(home / "tkg.duckdb"), read_only=True) as connection:
+        rows = connection.execute("SELECT DISTINCT company, quarter FROM transcripts").fetchall()
+    return {str(partition_key(company, quarter)) for company, quarter in rows}
+
+
+def _assert_refreshed_once(instance, run_id: str) -> None:
+    """The run recorded every global step (each shard of a shard step), the warehouse with its
+    checks and every SQL model, each once."""
+    events = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
+    recorded = Counter((event.event_log_entry.dagster_event.asset_key.to_user_string(),
+                        event.event_log_entry.dagster_event.partition) for event in events)
+    shards = catalog.shard_keys(2)
+    expected = Counter({(stage.name, shard) if stage.sharded else (stage.name, None): 1
+                        for stage in GLOBAL for shard in (shards if stage.sharded else [None])})
+    expected.update({("warehouse", None): 1, **{(f"sql/{model.name}", None): 1 for model in load_models()}})
+    assert recorded == expected
+    checks = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
+    assert {event.event_log_entry.dagster_event.event_specific_data.check_name for event in checks} == \
+        {check.name for check in CHECKS}

@@ -7,6 +7,7 @@ import os
 import shutil
 
 import dagster as dg
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -44,10 +45,11 @@ def test_the_workspace_module_loads_with_its_jobs_schedule_and_sensor():
     assert sharded == {"candidate_ranks", "judged_pairs"} and all(graph.get(dg.AssetKey(name)).is_partitioned for name in sharded)
     assert selected("ingest_partition") == by_company
     assert selected("publish_graph") == {"warehouse"} | {key for key in everything if key.startswith("sql/")}
-    assert {"build_partitions", "refresh_graph"} <= {job.name for job in loaded.resolve_all_job_defs()}
-    assert loaded.resolve_schedule_def("weekly_new_transcripts").job_name == "ingest_partition"
-    automated = loaded.resolve_sensor_def("tkg_automation").asset_selection.resolve(graph)
-    assert {key.to_user_string() for key in automated} == after_partitions
+    assert {"build_partitions", "refresh_graph", "refresh_and_publish"} <= {job.name for job in loaded.resolve_all_job_defs()}
+    assert loaded.resolve_schedule_def("weekly_new_transcripts").job_name == "build_partitions"
+    assert loaded.resolve_sensor_def("tkg_automation").job_name == "refresh_and_publish"
+    assert not [key for key in after_partitions if graph.get(dg.AssetKey.from_user_string(key)).automation_condition], \
+        "the global half refreshes in one run of the sensor's, not asset by asset"
     assert set(loaded.resources) == {"storage", "source", "extraction", "progress"}
     checks = loaded.resolve_assets_def("warehouse").check_specs
     assert {spec.name: spec.blocking for spec in checks} == {check.name: check.blocking for check in CHECKS}
@@ -126,3 +128,15 @@ def test_a_sql_model_code_version_changes_with_its_own_sql_only(tmp_path):
         name: version for name, version in published.items() if name != "facts"}
     readers_of_facts = {model.name for model in load_models(copy) if "facts" in model.depends_on}
     assert {"officers", "facts_as_of"} <= readers_of_facts  # kept their versions above
+
+
+def test_the_executor_follows_tkg_executor(monkeypatch):
+    from tkg_assets.definitions import executor_from_env
+
+    monkeypatch.delenv("TKG_EXECUTOR", raising=False)
+    assert executor_from_env() is None  # Dagster's default: a subprocess per step
+    monkeypatch.setenv("TKG_EXECUTOR", "in_process")
+    assert executor_from_env() is dg.in_process_executor
+    monkeypatch.setenv("TKG_EXECUTOR", "threads")
+    with pytest.raises(ValueError, match="'in_process'"):
+        executor_from_env()

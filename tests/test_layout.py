@@ -67,7 +67,7 @@ def _snapshot(defs: dg.Definitions) -> dict:
             "description": (node.description or "").split(". ")[0],
         }
     jobs = {job.name: sorted(k.to_user_string() for k in job.asset_layer.executable_asset_keys) if job.asset_layer else []
-            for job in (defs.resolve_job_def(name) for name in ("ingest_partition", "refresh_graph", "build_partitions"))}
+            for job in (defs.resolve_job_def(name) for name in ("ingest_partition", "refresh_graph", "build_partitions", "refresh_and_publish"))}
     return {"assets": assets, "jobs": jobs,
             "schedules": sorted(schedule.name for schedule in defs.schedules or []),
             "sensors": sorted(sensor.name for sensor in defs.sensors or []),

@@ -1,5 +1,7 @@
 """The jobs `tkg build` runs: `build_partitions` rebuilds many partitions in one Dagster run,
-and `refresh_graph` runs the global half (global and shard steps) in another.
+and `refresh_graph` runs the global half (global and shard steps) in another; and the one the
+`tkg_automation` sensor runs after a backfill: `refresh_and_publish`, the global half and the
+publish in one run. The weekly schedule asks for `build_partitions` runs too.
 
 `tkg build` runs this one-op job: the op builds the stale partitions in worker processes
 (`tkg.build.runner`) and records, as each partition lands, a materialisation of every stage it
@@ -13,7 +15,9 @@ inputs runs in the op's process (its set work spills to disk), and each stale sh
 step runs in a worker process of its own, so a shard's memory is its own (on a small store,
 below IN_PROCESS_BYTES of input, the shards run in the op's process instead); every step and
 shard it ran is recorded as a materialisation. Steps and shards already current are skipped:
-a change reruns only what it reaches.
+a change reruns only what it reaches. `refresh_and_publish` then publishes the warehouse and
+describes the SQL models in the same step, recording them as their assets would; a step that
+failed leaves nothing published.
 """
 
 from collections.abc import Callable, Iterator
@@ -31,10 +35,13 @@ from tkg.build.runner import (
     run_partitions,
 )
 from tkg.build.stages import Runtime, stale_work
+from tkg.core.machine import usable_cores
 from tkg.core.partitions import parse_key
 from tkg.core.versions import Stamp
 from tkg.settings import Settings
 from tkg_assets.assets.common import stage_metadata, version_tags
+from tkg_assets.assets.warehouse import publish_events
+from tkg_assets.instance import DUCKDB_POOL
 from tkg_assets.partitions import partition_key
 
 # Who follows a build as its partitions land, and its notices (a Batch API job submitted, its
@@ -122,7 +129,7 @@ def build_partitions():
 class GlobalSteps(dg.Config):
     """How `refresh_graph` runs the global half."""
 
-    workers: int = 1  # processes running shards side by side
+    workers: int = 1  # processes running shards side by side; 0: one per core where the run runs
     log_level: str = "WARNING"  # of tkg's loggers in the worker processes
 
 
@@ -138,12 +145,21 @@ def shard_input_bytes(settings: Settings, stage: catalog.Stage) -> int:
     return sum(size for name in stage.inputs for size, _ in store.listing(f"{name}/**/*.parquet").values())
 
 
-@dg.op(out={}, description="Run the global and shard steps that do not cover their inputs (shards in worker processes), "
-                   "and record each one's materialisation.")
-def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, storage: TkgStorage, source: TranscriptSource,
-                         extraction: ExtractionBackend, progress: dg.ResourceParam[Progress]):
-    settings = settings_of(storage, source, extraction)
-    runtime = Runtime.open(settings, api_key=extraction.api_key)
+class RefreshAndPublish(GlobalSteps):
+    """How `refresh_and_publish` runs the global half: by default, as the shard assets do, one
+    shard process per core of the machine the run runs on."""
+
+    workers: int = 0
+
+
+def refresh_global(log, settings: Settings, config: GlobalSteps, api_key: str | None,
+                   on_notice: Callable[[str], None] | None = None) -> Iterator[dg.AssetMaterialization]:
+    """Run the global and shard steps that do not cover their inputs, in catalog order, and
+    yield each one's materialisations; `on_notice` gets the steps' notices (Batch API progress).
+    A step that fails raises a Failure once its other shards have landed: nothing after it
+    runs, and the graph keeps its last good contents."""
+    runtime = Runtime.open(settings, api_key=api_key)
+    cores = config.workers or usable_cores()
     upstream_ran = False
     for stage in catalog.GLOBAL:
         stale = stale_work(runtime, stage)
@@ -152,15 +168,14 @@ def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, st
         kept = [shard for shard in catalog.shard_keys(settings.shards) if shard not in stale] \
             if stage.sharded and upstream_ran else []
         if not stale and not kept:
-            context.log.info(f"{stage.name}: current, skipped")
+            log.info(f"{stage.name}: current, skipped")
             continue
         running = f"running {', '.join(stale) if stage.sharded else 'over every partition'}" if stale else "nothing to run"
-        context.log.info(f"{stage.name}: {running}" + (f"; shards {', '.join(kept)} kept" if kept else ""))
+        log.info(f"{stage.name}: {running}" + (f"; shards {', '.join(kept)} kept" if kept else ""))
         if stage.sharded:
             tasks = [ShardTask(stage.name, shard) for shard in stale]
-            workers = config.workers if shard_input_bytes(settings, stage) > IN_PROCESS_BYTES else 1
-            outcomes = list(run_partitions(settings.for_workers(workers), tasks, workers, config.log_level,
-                                           on_notice=notices_for(context.log, progress)))
+            workers = cores if shard_input_bytes(settings, stage) > IN_PROCESS_BYTES else 1
+            outcomes = list(run_partitions(settings.for_workers(workers), tasks, workers, config.log_level, on_notice=on_notice))
             outcomes += [build_one(settings, ShardTask(stage.name, shard)) for shard in kept]
         else:
             outcomes = [build_one(settings, GlobalTask(stage.name))]
@@ -176,7 +191,33 @@ def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, st
                 metadata={"failed": dg.MetadataValue.json({outcome.key: outcome.error for outcome in failed})})
 
 
+@dg.op(out={}, description="Run the global and shard steps that do not cover their inputs (shards in worker processes), "
+                   "and record each one's materialisation.")
+def refresh_global_steps(context: dg.OpExecutionContext, config: GlobalSteps, storage: TkgStorage, source: TranscriptSource,
+                         extraction: ExtractionBackend, progress: dg.ResourceParam[Progress]):
+    yield from refresh_global(context.log, settings_of(storage, source, extraction), config, extraction.api_key,
+                              notices_for(context.log, progress))
+
+
 @dg.job(description="What `tkg build` runs after the partitions: the global steps and every stale shard of the shard "
                     "steps (resolution, invalidation, retention). Each is recorded as if its asset had run.")
 def refresh_graph():
     refresh_global_steps()
+
+
+@dg.op(out={}, pool=DUCKDB_POOL,
+       description="The global half, then one publish: run the global and shard steps that do not cover their inputs, "
+                   "publish tkg.duckdb with its checks and describe the SQL models, recording each as its asset would.")
+def refresh_and_publish_graph(context: dg.OpExecutionContext, config: RefreshAndPublish, storage: TkgStorage,
+                              source: TranscriptSource, extraction: ExtractionBackend):
+    settings = settings_of(storage, source, extraction)
+    context.log.info(f"refreshing the global half, then publishing; {settings.describe()}")
+    yield from refresh_global(context.log, settings, config, extraction.api_key, notices_for(context.log, no_progress))
+    yield from publish_events(context, settings)
+
+
+@dg.job(description="What the `tkg_automation` sensor runs once partitions have landed and nothing is running: the "
+                    "global half and the publish in ONE run (one start-up, one publish at the end; a failing step or "
+                    "blocking check publishes nothing).")
+def refresh_and_publish():
+    refresh_and_publish_graph()

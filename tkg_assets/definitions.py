@@ -23,8 +23,8 @@ from tkg.providers import fingerprints
 from tkg.settings import Settings
 from tkg_assets.assets.stages import stage_assets
 from tkg_assets.assets.warehouse import sql_models, warehouse
-from tkg_assets.automation import stale_partition_requests
-from tkg_assets.batch import Progress, build_partitions, no_progress, refresh_graph
+from tkg_assets.automation import refresh_sensor, stale_partition_requests
+from tkg_assets.batch import Progress, build_partitions, no_progress, refresh_and_publish, refresh_graph
 from tkg_assets.partitions import partition_space, shard_space
 
 
@@ -41,7 +41,10 @@ def pipeline_assets(settings: Settings) -> tuple[list, list]:
 def executor_from_env() -> dg.ExecutorDefinition | None:
     """The executor of the code location's runs, chosen by TKG_EXECUTOR.
 
-    Unset or 'multiprocess': Dagster's default, each step in a subprocess of its run. 'celery':
+    Unset or 'multiprocess': Dagster's default, each step in a subprocess of its run.
+    'in_process': each step in its run's own process, one after the other (a run of
+    `partition_stages` or `refresh_and_publish` is one step, so this saves a process and a load
+    of the code location per run). 'celery':
     each step is a task for a Celery worker on any machine (dagster-celery, in the `distributed`
     extra), through the broker and result backend named by TKG_CELERY_BROKER and
     TKG_CELERY_BACKEND, read where each run starts (see deploy/README.md).
@@ -49,13 +52,15 @@ def executor_from_env() -> dg.ExecutorDefinition | None:
     choice = os.environ.get("TKG_EXECUTOR") or "multiprocess"
     if choice == "multiprocess":
         return None
+    if choice == "in_process":
+        return dg.in_process_executor
     if choice == "celery":
         try:
             from dagster_celery import celery_executor
         except ImportError as missing:
             raise ImportError("TKG_EXECUTOR=celery needs dagster-celery; pip install 'tkg[distributed]'") from missing
         return celery_executor.configured({"broker": {"env": "TKG_CELERY_BROKER"}, "backend": {"env": "TKG_CELERY_BACKEND"}})
-    raise ValueError(f"TKG_EXECUTOR={choice!r} is not an executor tkg knows; use 'multiprocess' (the default) or 'celery'")
+    raise ValueError(f"TKG_EXECUTOR={choice!r} is not an executor tkg knows; use 'multiprocess' (the default), 'in_process' or 'celery'")
 
 
 def build_definitions(settings: Settings, executor: dg.ExecutorDefinition | None = None,
@@ -72,32 +77,29 @@ def build_definitions(settings: Settings, executor: dg.ExecutorDefinition | None
         "publish_graph", selection=dg.AssetSelection.assets(warehouse, sql_models),
         description="Publish tkg.duckdb (with its checks) and refresh the SQL models.")
 
-    @dg.schedule(job=ingest_partition, cron_schedule="0 6 * * 1", default_status=dg.DefaultScheduleStatus.STOPPED)
+    @dg.schedule(job=build_partitions, cron_schedule="0 6 * * 1", default_status=dg.DefaultScheduleStatus.STOPPED)
     def weekly_new_transcripts(context: dg.ScheduleEvaluationContext, storage: TkgStorage, source: TranscriptSource,
                                extraction: ExtractionBackend):
         """Every Monday, build what changed, as `tkg build` would: new calls in the source, changed
         source rows, and partitions whose code version (prompt, model, rules) changed, each from
-        its first stale stage. Calls arrive weeks after quarter end, so a weekly look beats a
-        quarterly cron. The automation sensor then refreshes the global assets."""
+        its first stale stage, in runs of `build_partitions` grouped as a UI backfill groups them
+        (a company's partitions, TKG_PARTITIONS_PER_RUN at most, TKG_RUN_WORKERS processes). Calls
+        arrive weeks after quarter end, so a weekly look beats a quarterly cron. The
+        `tkg_automation` sensor then refreshes the global half and publishes, in one run."""
         current = settings_of(storage, source, extraction)
         loaded = load_source(current.source)
         plan = plan_build(current.store(), loaded, loaded.partitions(), catalog.code_versions(fingerprints(current)),
                           shards=current.shards)
         for problem in loaded.problems:
             context.log.warning(f"source row skipped: {problem}")
-        return stale_partition_requests(plan) or dg.SkipReason(f"every partition of {describe(current.source)} is up to date")
+        requests = stale_partition_requests(plan, settings.partitions_per_run, settings.run_workers)
+        return requests or dg.SkipReason(f"every partition of {describe(current.source)} is up to date")
 
-    automation = dg.AutomationConditionSensorDefinition(
-        "tkg_automation",
-        target=dg.AssetSelection.groups(*sorted({stage.group for stage in catalog.GLOBAL}), "warehouse", "sql_models"),
-        default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Refreshes entity resolution, invalidation and the warehouse after partitions land.",
-    )
     return dg.Definitions(
         assets=[*partitioned, *global_assets],
-        jobs=[ingest_partition, build_partitions, refresh_graph, publish_graph],
+        jobs=[ingest_partition, build_partitions, refresh_graph, publish_graph, refresh_and_publish],
         schedules=[weekly_new_transcripts],
-        sensors=[automation],
+        sensors=[refresh_sensor(refresh_and_publish)],
         resources={**resources_for(settings), "progress": progress},
         executor=executor,
     )

@@ -27,7 +27,6 @@ from tkg_assets.assets.common import (
     runtime_of,
     stage_metadata,
 )
-from tkg_assets.automation import global_automation
 from tkg_assets.batch import record_partitions
 from tkg_assets.instance import LLM_POOL
 
@@ -79,14 +78,15 @@ def _span(partitions: list[Partition]) -> str:
 
 
 def _shard_asset(stage: Stage, shards_def: dg.PartitionsDefinition, code_versions: dict[str, str]):
-    """A shard stage's asset: a run takes every shard asked for (one request of the automation
-    sensor, or one backfill), each shard in a worker process of its own, so its memory is its
+    """A shard stage's asset: a run takes every shard asked for (a materialisation from the UI,
+    or one backfill; after partitions land, `refresh_and_publish` refreshes them), each shard
+    in a worker process of its own, so its memory is its
     own, as `tkg build` runs them. Each shard is recorded as it lands; a failed one is failed
     alone, and retried alone."""
 
     @dg.asset(name=stage.name, partitions_def=shards_def, group_name=stage.group, kinds={"python", "parquet"},
               owners=OWNERS, deps=list(stage.inputs), code_version=code_versions[stage.name], description=stage.description,
-              metadata=definition_metadata(stage), automation_condition=global_automation(stage),
+              metadata=definition_metadata(stage),
               backfill_policy=dg.BackfillPolicy.single_run(), pool=LLM_POOL if stage.counters else None,
               output_required=False)  # the shards are recorded one by one
     def stage_asset(context: dg.AssetExecutionContext, storage: TkgStorage, source: TranscriptSource,
@@ -104,7 +104,7 @@ def _shard_asset(stage: Stage, shards_def: dg.PartitionsDefinition, code_version
 def _global_asset(stage: Stage, code_versions: dict[str, str]):
     @dg.asset(name=stage.name, group_name=stage.group, kinds={"python", "duckdb", "parquet"}, owners=OWNERS,
               deps=list(stage.inputs), code_version=code_versions[stage.name], description=stage.description,
-              metadata=definition_metadata(stage), automation_condition=global_automation(stage))
+              metadata=definition_metadata(stage))
     def stage_asset(context: dg.AssetExecutionContext, storage: TkgStorage, source: TranscriptSource,
                     extraction: ExtractionBackend) -> dg.MaterializeResult:
         result = run_global(runtime_of(storage, source, extraction), stage)

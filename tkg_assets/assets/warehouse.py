@@ -2,6 +2,7 @@
 
 
 import base64
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -17,8 +18,10 @@ from resources.tkg import (
 )
 from tkg.build.catalog import WAREHOUSE
 from tkg.build.graph import run_warehouse
+from tkg.settings import Settings
 from tkg.store.checks import CHECKS, CheckResult, WarehouseCheckFailed, guard
 from tkg.store.warehouse import (
+    PublishResult,
     SqlModel,
     applied_sha256s,
     describe_models,
@@ -26,9 +29,11 @@ from tkg.store.warehouse import (
     reapply_model,
     warehouse_code_version,
 )
-from tkg_assets.assets.common import OWNERS, column_schema
-from tkg_assets.automation import SQL_MODEL_AUTOMATION, WAREHOUSE_AUTOMATION
+from tkg_assets.assets.common import OWNERS, column_schema, version_tags
 from tkg_assets.instance import DUCKDB_POOL
+
+
+WAREHOUSE_KEY = dg.AssetKey(WAREHOUSE.name)
 
 
 def _check_result(result: CheckResult) -> dg.AssetCheckResult:
@@ -46,20 +51,30 @@ def _check_result(result: CheckResult) -> dg.AssetCheckResult:
     code_version=warehouse_code_version(),
     description=WAREHOUSE.description,
     pool=DUCKDB_POOL,
-    automation_condition=WAREHOUSE_AUTOMATION,
     check_specs=[dg.AssetCheckSpec(check.name, asset="warehouse", description=check.description, blocking=check.blocking)
                  for check in CHECKS],
 )
 def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage, source: TranscriptSource,
               extraction: ExtractionBackend) -> dg.MaterializeResult:
+    published, metadata, results = publish_checked(context, settings_of(storage, source, extraction))
+    return dg.MaterializeResult(
+        data_version=dg.DataVersion(published.stamp.version), check_results=[_check_result(r) for r in results],
+        metadata=metadata)
+
+
+def publish_checked(context: dg.OpExecutionContext | dg.AssetExecutionContext,
+                    settings: Settings) -> tuple[PublishResult, dict[str, object], list[CheckResult]]:
+    """Publish tkg.duckdb with its checks (the warehouse asset's work, and the publish at the end
+    of the `refresh_and_publish` job): what was published, its metadata and the check results.
+    A failing blocking check logs every check's evaluation and raises a Failure: the last good
+    file stays."""
     results: list[CheckResult] = []
-    settings = settings_of(storage, source, extraction)
     try:
         published = run_warehouse(settings, check=guard(results))
     except WarehouseCheckFailed as failure:
         for result in failure.results:
             evaluation = _check_result(result)
-            context.log_event(dg.AssetCheckEvaluation(asset_key=context.asset_key, check_name=result.name,
+            context.log_event(dg.AssetCheckEvaluation(asset_key=WAREHOUSE_KEY, check_name=result.name,
                                                       passed=result.passed, severity=evaluation.severity,
                                                       metadata=evaluation.metadata))
         raise dg.Failure(description=str(failure)) from None
@@ -70,9 +85,22 @@ def warehouse(context: dg.AssetExecutionContext, storage: TkgStorage, source: Tr
     growth = _growth_markdown(context, published.path)
     if growth is not None:
         metadata["growth"] = growth
-    return dg.MaterializeResult(
-        data_version=dg.DataVersion(published.stamp.version), check_results=[_check_result(r) for r in results],
-        metadata=metadata)
+    return published, metadata, results
+
+
+def publish_events(context: dg.OpExecutionContext, settings: Settings) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+    """`publish_checked` from an op: the warehouse's materialisation (with the code and data
+    versions the asset would record), its check evaluations, then every SQL model's."""
+    published, metadata, results = publish_checked(context, settings)
+    yield dg.AssetMaterialization(asset_key=WAREHOUSE_KEY, metadata=metadata,
+                                  tags=version_tags(WAREHOUSE, published.stamp))
+    for result in results:
+        evaluation = _check_result(result)
+        yield dg.AssetCheckEvaluation(asset_key=WAREHOUSE_KEY, check_name=result.name, passed=result.passed,
+                                      severity=evaluation.severity, metadata=evaluation.metadata)
+    for model, metadata in model_metadata(context, settings, MODELS):
+        yield dg.AssetMaterialization(asset_key=model_key(model), metadata=metadata,
+                                      tags={"dagster/code_version": model.sha256[:16]})
 
 
 def _growth_markdown(context: dg.AssetExecutionContext, path: Path) -> dg.MarkdownMetadataValue | None:
@@ -91,20 +119,23 @@ def _growth_markdown(context: dg.AssetExecutionContext, path: Path) -> dg.Markdo
     return dg.MetadataValue.md(f"![facts and retirements per quarter](data:image/png;base64,{encoded})")
 
 
+def model_key(model: SqlModel) -> dg.AssetKey:
+    return dg.AssetKey(["sql", model.name])
+
+
 def _model_spec(model: SqlModel) -> dg.AssetSpec:
     # Lineage as in dbt: a model depends on the models it selects from (refs) and on the
     # warehouse, which publishes the raw tables it reads (sources). The pipeline assets behind
     # those raw tables are named in metadata; as direct deps they would make automation refresh
     # the model whenever a partition lands, before the warehouse has republished.
     return dg.AssetSpec(
-        key=dg.AssetKey(["sql", model.name]),
+        key=model_key(model),
         group_name="sql_models",
         kinds={"duckdb", "sql"},
         owners=OWNERS,
-        deps=[warehouse.key, *(dg.AssetKey(["sql", name]) for name in model.depends_on)],
+        deps=[WAREHOUSE_KEY, *(dg.AssetKey(["sql", name]) for name in model.depends_on)],
         description=f"{model.description}\n\n```sql\n{model.sql}\n```",
         code_version=model.sha256[:16],
-        automation_condition=SQL_MODEL_AUTOMATION,
         metadata={
             "sql_file": dg.MetadataValue.path(str(model.path)),
             "reads_raw_tables_of": ", ".join(model.upstream_assets) or "other models only",
@@ -120,12 +151,19 @@ def sql_models(context: dg.AssetExecutionContext, storage: TkgStorage):
     """The SQL models of the published file (one asset per sql/*.sql file, in one step): each
     re-applies its SQL if the file changed since the publish, and reports its row count and
     column schema."""
-    settings = settings_of(storage)
+    selected = [model for model in MODELS if model_key(model) in context.selected_asset_keys]
+    for model, metadata in model_metadata(context, settings_of(storage), selected):
+        yield dg.MaterializeResult(asset_key=model_key(model), metadata=metadata)
+
+
+def model_metadata(context: dg.OpExecutionContext | dg.AssetExecutionContext, settings: Settings,
+                   selected: list[SqlModel]) -> Iterator[tuple[SqlModel, dict[str, object]]]:
+    """Each of the `selected` SQL models of the published file, re-applied first if its SQL
+    changed since the publish, with its row count and column schema."""
     target = settings.warehouse
     fetch_warehouse(settings)
     if not target.exists():
         raise FileNotFoundError(f"{target} does not exist; materialise `warehouse` first")
-    selected = [model for model in MODELS if dg.AssetKey(["sql", model.name]) in context.selected_asset_keys]
     applied = applied_sha256s(target)
     changed = [model for model in selected if applied.get(model.name) != model.sha256]
     for model in changed:  # dependency order
@@ -135,10 +173,10 @@ def sql_models(context: dg.AssetExecutionContext, storage: TkgStorage):
         share_warehouse(settings)
     descriptions = describe_models(target, selected)
     for model in selected:
-        key, description = dg.AssetKey(["sql", model.name]), descriptions[model.name]
+        description = descriptions[model.name]
         metadata: dict[str, object] = {"kind": model.kind.lower()}
         if description.row_count is not None:
             metadata["dagster/row_count"] = description.row_count
         if description.columns:
             metadata["dagster/column_schema"] = column_schema(description.columns)
-        yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+        yield model, metadata
