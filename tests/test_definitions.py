@@ -134,9 +134,9 @@ def test_the_executor_follows_tkg_executor(monkeypatch):
     from tkg_assets.definitions import executor_from_env
 
     monkeypatch.delenv("TKG_EXECUTOR", raising=False)
-    assert executor_from_env() is None  # Dagster's default: a subprocess per step
-    monkeypatch.setenv("TKG_EXECUTOR", "in_process")
-    assert executor_from_env() is dg.in_process_executor
+    assert executor_from_env() is dg.in_process_executor  # one step per run: no subprocess per step
+    monkeypatch.setenv("TKG_EXECUTOR", "multiprocess")
+    assert executor_from_env() is dg.multiprocess_executor
     monkeypatch.setenv("TKG_EXECUTOR", "threads")
     with pytest.raises(ValueError, match="'in_process'"):
         executor_from_env()

@@ -38,20 +38,22 @@ def pipeline_assets(settings: Settings) -> tuple[list, list]:
     return [partition_stages], [*global_stages, warehouse, sql_models]
 
 
-def executor_from_env() -> dg.ExecutorDefinition | None:
+def executor_from_env() -> dg.ExecutorDefinition:
     """The executor of the code location's runs, chosen by TKG_EXECUTOR.
 
-    Unset or 'multiprocess': Dagster's default, each step in a subprocess of its run.
-    'in_process': each step in its run's own process, one after the other (a run of
-    `partition_stages` or `refresh_and_publish` is one step, so this saves a process and a load
-    of the code location per run). 'celery':
-    each step is a task for a Celery worker on any machine (dagster-celery, in the `distributed`
-    extra), through the broker and result backend named by TKG_CELERY_BROKER and
-    TKG_CELERY_BACKEND, read where each run starts (see deploy/README.md).
+    Unset or 'in_process': each step in its run's own process, one after the other. tkg's runs
+    are one step each (a backfill batch of `partition_stages`, the sensor's
+    `refresh_and_publish`, a shard), and those steps start their own worker processes where
+    work runs side by side, so a subprocess per step would only add a process and a load of the
+    code location to every run. 'multiprocess': Dagster's default, each step in a subprocess of
+    its run (steps of a run of several assets side by side). 'celery': each step is a task for a
+    Celery worker on any machine (dagster-celery, in the `distributed` extra), through the
+    broker and result backend named by TKG_CELERY_BROKER and TKG_CELERY_BACKEND, read where
+    each run starts (see deploy/README.md).
     """
-    choice = os.environ.get("TKG_EXECUTOR") or "multiprocess"
+    choice = os.environ.get("TKG_EXECUTOR") or "in_process"
     if choice == "multiprocess":
-        return None
+        return dg.multiprocess_executor
     if choice == "in_process":
         return dg.in_process_executor
     if choice == "celery":
@@ -60,7 +62,7 @@ def executor_from_env() -> dg.ExecutorDefinition | None:
         except ImportError as missing:
             raise ImportError("TKG_EXECUTOR=celery needs dagster-celery; pip install 'tkg[distributed]'") from missing
         return celery_executor.configured({"broker": {"env": "TKG_CELERY_BROKER"}, "backend": {"env": "TKG_CELERY_BACKEND"}})
-    raise ValueError(f"TKG_EXECUTOR={choice!r} is not an executor tkg knows; use 'multiprocess' (the default), 'in_process' or 'celery'")
+    raise ValueError(f"TKG_EXECUTOR={choice!r} is not an executor tkg knows; use 'in_process' (the default), 'multiprocess' or 'celery'")
 
 
 def build_definitions(settings: Settings, executor: dg.ExecutorDefinition | None = None,
