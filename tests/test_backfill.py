@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -100,14 +101,20 @@ def _run_backfill(context, instance, backfill_id: str):
     raise AssertionError(f"backfill {backfill_id} still {backfill.status} after 30 daemon iterations; runs {states}")
 
 
-def _tick_refresh_sensor(context, instance) -> list:
-    """One tick of the sensor daemon (the `tkg_automation` sensor's runs execute as launched);
-    the runs it started."""
+def _tick_refresh_sensor(context, instance, timeout_s: float = 60.0) -> list:
+    """Ticks of the sensor daemon (the `tkg_automation` sensor's runs execute as launched) until
+    one starts runs; the runs it started. The daemon evaluates the sensor at most once per its
+    minimum interval, so a tick soon after the last one is skipped, as in a running daemon."""
     from dagster._daemon.sensor import execute_sensor_iteration
 
     before = {run.run_id for run in instance.get_runs()}
-    list(execute_sensor_iteration(context, logging.getLogger("test_backfill"), None, None))
-    return [run for run in instance.get_runs() if run.run_id not in before]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        list(execute_sensor_iteration(context, logging.getLogger("test_backfill"), None, None))
+        started = [run for run in instance.get_runs() if run.run_id not in before]
+        if started or time.monotonic() > deadline:
+            return started
+        time.sleep(1.0)
 
 
 def _failed_partitions(instance, asset: str, partitions_def) -> set[str]:

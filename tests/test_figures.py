@@ -412,6 +412,13 @@ GOOGL_Q3_16_GAAP = ("GAAP operating expenses were $8 billion in the quarter, up 
      "up, 2017 was another record year for Intel. ", "Revenue of $62.8 billion was up 9% year-over-year, driven by 16% growth in our "
      "data-centric businesses and 3% growth in PC-centric business.",
      [("revenue", None, None, "reported", 2017, None, 62.8e9, None, None), ("revenue_growth", None, None, "reported", 2017, None, 9.0, None, None)]),
+    # ... until a sentence with figures opens on its own period: the figures after it are that period's
+    (_context("AMD", "2020-01-28", "Q4 2019", 12), "Thank you, Lisa, and good afternoon, everyone. 2019 was an outstanding year for "
+     "AMD. Our competitive product portfolio and market share gains drove the highest annual and highest quarterly revenue in AMD's "
+     "history. Fourth quarter revenue was $2.13 billion, up 50% from a year ago and up 18% from the prior quarter, driven by strong "
+     "sales of Ryzen and EPYC processors and Radeon GPUs, partially offset by softer semi-custom sales. ", "Gross margin was 45%, up "
+     "360 basis points from a year ago, driven primarily by sales of our leadership 7-nanometer products.",
+     [("gross_margin", None, None, "reported", 2019, 4, 45.0, None, None)]),
     # growth excluding currency moves is no basis, and an opener excluding them restates the sentence: no row
     (_context("AMZN", "2016-01-28", "Q4 2015", 12), "", "Revenue increased 20% to $107 billion, or 26% excluding year-over-year changes "
      "in foreign exchange.", [("revenue_growth", None, None, "reported", 2015, 4, 20.0, None, None),

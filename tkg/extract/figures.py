@@ -34,7 +34,7 @@ from tkg.core.models import PERCENT_METRICS, RawFigure
 from tkg.extract.base import DocumentContext
 from tkg.extract.periods import PeriodResolver
 
-FIGURE_RULES_VERSION = "figures-9"
+FIGURE_RULES_VERSION = "figures-10"
 
 # Synonyms, longest first so 'operating expense' wins over 'operating'.
 _SYNONYMS = {
@@ -234,6 +234,11 @@ _SECTION_PERIOD = re.compile(r"(?:the\s+)?(?:(?:full |whole |entire )?fiscal yea
                              r"(?:fiscal )?quarter|Q[1-4]\b)", re.IGNORECASE)
 # A sentence looking back on a year heads that year's figures at a fourth-quarter call.
 _YEAR_IN_REVIEW = re.compile(r"\b((?:19|20)\d\d) (?:was|has been|proved to be|turned out to be)\b[^.;]{0,60}\byear\b", re.IGNORECASE)
+# A sentence with figures that opens on its period moves the paragraph there: after '2019 was an
+# outstanding year for AMD. Fourth quarter revenue was $2.13 billion, ...', 'Gross margin was 45%'
+# is the fourth quarter's.
+_PERIOD_LEAD = re.compile(r"^\W*(?:(?:and|so|now|then|also)\s+)?(?:(?:in|for|during)\s+)?", re.IGNORECASE)
+_THE_QUARTER_LEAD = re.compile(r"(?:the|this) quarter\b", re.IGNORECASE)
 _AMOUNT_CUE = re.compile(r"[$€£¥%]|\d+(?:\.\d+)?\s*(?:percent|billion|million|basis points)\b", re.IGNORECASE)
 _TOTAL_TOPIC = re.compile(r"^\W*(?:(?:and |so |now )?(?:total|overall|consolidated|company(?:wide)?)\b|overall,)", re.IGNORECASE)
 
@@ -455,6 +460,11 @@ class FigureParser:
             else:
                 if _TOTAL_TOPIC.match(sentence):
                     segment = None  # 'Total revenue ...' / 'Overall, ...' leaves a segment's paragraph
+                lead = sentence[_PERIOD_LEAD.match(sentence).end():]
+                if (found := _SECTION_PERIOD.match(lead)) is not None:
+                    period = found[0]
+                elif _THE_QUARTER_LEAD.match(lead):
+                    period = None  # back to the quarter the call reports
                 continue
             if (found := _SECTION_PERIOD.search(topic)) is not None and not _COMPARISON_PHRASE.search(topic):
                 period, segment = found[0], None
