@@ -261,6 +261,9 @@ class SideBySide:
     def _finish(self, record: dict) -> dict:
         self._tally(record)
         self.records.append(record)
+        # the runs so far, so a benchmark cut short (a Graphiti run takes long at tier 1) leaves them
+        self.args.out.parent.mkdir(parents=True, exist_ok=True)
+        self.args.out.write_text(json.dumps(self.results(), indent=2, default=str) + "\n")
         print(f"[{self.elapsed_min():5.1f} min] {record['config']:22s} wall {record['wall_s']:8.2f}s  "
               f"requests {record['requests']:6d}  429s {record['status_429']:5d}  in {record['input_tokens']:9d}  "
               f"out {record['output_tokens']:8d}  LB {record.get('bound_s', record['lower_bound_s']):6.2f}s  "
