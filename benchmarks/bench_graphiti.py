@@ -118,8 +118,10 @@ class InvalidationCounter:
         self.module.resolve_edge_contradictions = self.original
 
 
-async def graphiti_ingest(mode: str, base_url: str, transcripts: list, folder: Path) -> dict:
-    """Build one Graphiti graph from `transcripts` in `mode` ('one_by_one' or 'bulk'); what is in it."""
+async def graphiti_ingest(mode: str, base_url: str, transcripts: list, folder: Path,
+                          max_coroutines: int | None = None) -> dict:
+    """Build one Graphiti graph from `transcripts` in `mode` ('one_by_one' or 'bulk'); what is in it.
+    `max_coroutines`: Graphiti's own cap on its concurrent requests (None: its SEMAPHORE_LIMIT, 20)."""
     from graphiti_core import Graphiti
     from graphiti_core.cross_encoder.openai_reranker_client import OpenAIRerankerClient
     from graphiti_core.driver.kuzu_driver import KuzuDriver
@@ -132,7 +134,7 @@ async def graphiti_ingest(mode: str, base_url: str, transcripts: list, folder: P
     driver = KuzuDriver(db=str(folder / "graph.kuzu"))
     graphiti = Graphiti(graph_driver=driver, llm_client=OpenAIClient(config=config),
                         embedder=OpenAIEmbedder(OpenAIEmbedderConfig(api_key=API_KEY, base_url=base_url)),
-                        cross_encoder=OpenAIRerankerClient(config=config))
+                        cross_encoder=OpenAIRerankerClient(config=config), max_coroutines=max_coroutines)
     # Kuzu's schema is made with the driver; its full-text indices are not (graphiti.build_indices_and_constraints
     # is a no-op on Kuzu in 0.31.2)
     await driver.graph_ops.build_indices_and_constraints(driver)
@@ -244,7 +246,8 @@ class SideBySide:
         with InFlightSampler(self.bench.provider.url) as sampler, InvalidationCounter() as invalidations:
             cpu0, server0, t0 = time.process_time(), self.bench.provider.cpu_seconds(), time.perf_counter()
             try:
-                counts = asyncio.run(graphiti_ingest(mode, self.bench.provider.base_url, transcripts, folder))
+                counts = asyncio.run(graphiti_ingest(mode, self.bench.provider.base_url, transcripts, folder,
+                                                     self.args.graphiti_max_coroutines))
             except Exception as exc:  # a crash is a result too
                 error = f"{type(exc).__name__}: {exc}"
                 log.exception("Graphiti %s failed", mode)
@@ -253,7 +256,8 @@ class SideBySide:
         stats = self.bench.provider.stats()
         counts["edges_invalidated_by_contradiction"] = len(invalidations.uuids)
         record = {"side": "graphiti", "config": f"graphiti_{mode}", "repeat": 1, "error": error, "graph": counts,
-                  "statements_lost": 0, "episodes": sum(len(t.turns) for t in transcripts)}
+                  "statements_lost": 0, "episodes": sum(len(t.turns) for t in transcripts),
+                  "graphiti_max_coroutines": self.args.graphiti_max_coroutines}
         self.bench._common(record, stats, wall, cpu_client, None if server0 is None or server1 is None else server1 - server0,
                            sampler, load)
         return self._finish(record)
@@ -375,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", type=lambda text: text.split(","), default=["one_by_one", "bulk"],
                         help="Graphiti modes, comma-separated: one_by_one, bulk")
     parser.add_argument("--no-baseline", action="store_true", help="skip the cookbook-style baseline")
+    parser.add_argument("--graphiti-max-coroutines", type=int, default=None,
+                        help="Graphiti's max_coroutines (its documented remedy for 429s; default: its SEMAPHORE_LIMIT, 20)")
     parser.add_argument("--out", type=Path, default=None,
                         help="default: results/graphiti_realistic.json (slots model: results/graphiti.json)")
     parser.add_argument("--keep-tmp", action="store_true")
