@@ -1,13 +1,16 @@
 """Graphiti side by side with tkg and the cookbook-style baseline, on the LLM benchmark's
 provider and calls.
 
-    python benchmarks/bench_graphiti.py              # = --limit 4 --latency 0.3 --max-in-flight 32
-    python benchmarks/bench_graphiti.py --limit 1    # smoke run, a few minutes
+    python benchmarks/bench_graphiti.py --limit 1                  # realistic provider, tier 1 (the default)
+    python benchmarks/bench_graphiti.py --provider slots           # the older slots model: 300 ms, 32 slots
 
 Needs the `bench` extra (`pip install -e '.[bench]'`: graphiti-core 0.31.2, kuzu 0.11.3, httpx).
 
-One provider process (`fakes.openai_server`, 300 ms per request, 32 slots, 429 +
-Retry-After beyond) answers every side: tkg's and the baseline's schemas with
+One provider process (`fakes.openai_server`, configured by bench_llm's own provider options and
+code: by default the realistic provider, time to first token + output tokens at a fixed rate,
+OpenAI tier-1 budgets of 500 RPM and 200k TPM with x-ratelimit-* headers and 429 +
+retry-after-ms beyond; `--provider slots`: 300 ms per request, 32 slots, 429 + Retry-After
+beyond) answers every side under the same limits: tkg's and the baseline's schemas with
 `PipelineResponder`, Graphiti's with `GraphitiResponder` (fakes/graphiti_responder.py,
 answers shaped like a real model's: see benchmarks/README.md). Runs, one after another, each
 on a fresh graph:
@@ -27,8 +30,10 @@ all point at the provider.
 
 Per run: wall time, the provider's view (requests by endpoint, 429s, tokens), the provider's
 answers by schema (requests, tokens) and the time from the first to the last request, the
-lower bound successful requests x latency / slots, and what ended up in the graph. Results:
-benchmarks/results/graphiti.json and a markdown table on stdout.
+bound bench_llm computes (realistic: the largest of tokens / TPM, requests / RPM and
+Σ latency / the run's slots; slots model: successful requests x latency / slots) and the wall
+time over it, and what ended up in the graph. Results: benchmarks/results/graphiti_realistic.json
+(slots model: graphiti.json) and a markdown table on stdout.
 """
 
 from __future__ import annotations
@@ -39,11 +44,8 @@ import json
 import logging
 import os
 import platform
-import queue
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -62,22 +64,6 @@ log = logging.getLogger("bench_graphiti")
 
 
 # --------------------------------------------------------------------------- the provider
-
-
-def start_provider(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    """The OpenAI-compatible server with `BenchResponder`, in its own process; returns it and its URL."""
-    command = [sys.executable, "-m", "fakes.openai_server", "--port", "0", "--latency", str(args.latency),
-               "--max-in-flight", str(args.max_in_flight), "--retry-after", str(args.retry_after),
-               "--responder", RESPONDER, "--log-level", "warning"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
-    try:
-        first = lines.get(timeout=120)
-    except queue.Empty:
-        process.terminate()
-        raise RuntimeError("the OpenAI-compatible server did not start within 120 s")
-    return process, first.strip().rsplit(" ", 1)[-1].removesuffix("/v1")
 
 
 def responder_control(provider: bench_llm.Provider, schema: str) -> dict:
@@ -132,8 +118,10 @@ class InvalidationCounter:
         self.module.resolve_edge_contradictions = self.original
 
 
-async def graphiti_ingest(mode: str, base_url: str, transcripts: list, folder: Path) -> dict:
-    """Build one Graphiti graph from `transcripts` in `mode` ('one_by_one' or 'bulk'); what is in it."""
+async def graphiti_ingest(mode: str, base_url: str, transcripts: list, folder: Path,
+                          max_coroutines: int | None = None) -> dict:
+    """Build one Graphiti graph from `transcripts` in `mode` ('one_by_one' or 'bulk'); what is in it.
+    `max_coroutines`: Graphiti's own cap on its concurrent requests (None: its SEMAPHORE_LIMIT, 20)."""
     from graphiti_core import Graphiti
     from graphiti_core.cross_encoder.openai_reranker_client import OpenAIRerankerClient
     from graphiti_core.driver.kuzu_driver import KuzuDriver
@@ -146,7 +134,7 @@ async def graphiti_ingest(mode: str, base_url: str, transcripts: list, folder: P
     driver = KuzuDriver(db=str(folder / "graph.kuzu"))
     graphiti = Graphiti(graph_driver=driver, llm_client=OpenAIClient(config=config),
                         embedder=OpenAIEmbedder(OpenAIEmbedderConfig(api_key=API_KEY, base_url=base_url)),
-                        cross_encoder=OpenAIRerankerClient(config=config))
+                        cross_encoder=OpenAIRerankerClient(config=config), max_coroutines=max_coroutines)
     # Kuzu's schema is made with the driver; its full-text indices are not (graphiti.build_indices_and_constraints
     # is a no-op on Kuzu in 0.31.2)
     await driver.graph_ops.build_indices_and_constraints(driver)
@@ -195,15 +183,13 @@ class SideBySide:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.started = time.perf_counter()
-        self.process, url = start_provider(args)
-        # bench_llm's harness, on this provider: its run_tkg and run_baseline are the LLM benchmark's runs
-        options = argparse.Namespace(
-            repeats=1, latency=args.latency, max_in_flight=args.max_in_flight, tkg_max_in_flight=None, over_limit=0,
-            retry_after=args.retry_after, limit=args.limit, p_429=0.0, p_500=0.0, fault_seed=1, no_warm=True,
-            no_faults=True, no_baseline_faults=True, budget_min=1e9, server_url=url, out=None, keep_tmp=args.keep_tmp,
-            diagnose=False)
-        self.bench = bench_llm.Bench(options)
-        self.bench.provider.process = self.process  # so its CPU is measured and it is stopped with the bench
+        # bench_llm's harness with this benchmark's provider options and responder: its provider,
+        # run_tkg and run_baseline are the LLM benchmark's
+        options = argparse.Namespace(**{
+            **vars(args), "repeats": 1, "tkg_max_in_flight": None, "over_limit": 0, "p_429": 0.0, "p_500": 0.0,
+            "fault_seed": 1, "no_warm": True, "no_faults": True, "no_baseline_faults": True, "budget_min": 1e9,
+            "server_url": None, "diagnose": False})
+        self.bench = bench_llm.Bench(options, responder=RESPONDER)
         self.records: list[dict] = []
 
     def elapsed_min(self) -> float:
@@ -215,8 +201,10 @@ class SideBySide:
         responder_control(self.bench.provider, "ResponderReset")
         first, last = tally.pop("first_answer"), tally.pop("last_answer")
         record["by_schema"] = dict(sorted(tally.pop("by_schema").items(), key=lambda item: -item[1]["requests"]))
-        # the first answer comes one latency after the first request arrived
-        record["first_to_last_request_s"] = round(last - first + self.args.latency, 2) if first and last else None
+        # slots: the responder answers one latency after a request arrives; realistic: on arrival
+        # (the answer's generation time follows)
+        delay = 0.0 if self.bench.realistic else self.args.latency
+        record["first_to_last_request_s"] = round(last - first + delay, 2) if first and last else None
         record["responder"] = tally
         return record
 
@@ -258,7 +246,8 @@ class SideBySide:
         with InFlightSampler(self.bench.provider.url) as sampler, InvalidationCounter() as invalidations:
             cpu0, server0, t0 = time.process_time(), self.bench.provider.cpu_seconds(), time.perf_counter()
             try:
-                counts = asyncio.run(graphiti_ingest(mode, self.bench.provider.base_url, transcripts, folder))
+                counts = asyncio.run(graphiti_ingest(mode, self.bench.provider.base_url, transcripts, folder,
+                                                     self.args.graphiti_max_coroutines))
             except Exception as exc:  # a crash is a result too
                 error = f"{type(exc).__name__}: {exc}"
                 log.exception("Graphiti %s failed", mode)
@@ -267,7 +256,8 @@ class SideBySide:
         stats = self.bench.provider.stats()
         counts["edges_invalidated_by_contradiction"] = len(invalidations.uuids)
         record = {"side": "graphiti", "config": f"graphiti_{mode}", "repeat": 1, "error": error, "graph": counts,
-                  "statements_lost": 0, "episodes": sum(len(t.turns) for t in transcripts)}
+                  "statements_lost": 0, "episodes": sum(len(t.turns) for t in transcripts),
+                  "graphiti_max_coroutines": self.args.graphiti_max_coroutines}
         self.bench._common(record, stats, wall, cpu_client, None if server0 is None or server1 is None else server1 - server0,
                            sampler, load)
         return self._finish(record)
@@ -275,9 +265,12 @@ class SideBySide:
     def _finish(self, record: dict) -> dict:
         self._tally(record)
         self.records.append(record)
+        # the runs so far, so a benchmark cut short (a Graphiti run takes long at tier 1) leaves them
+        self.args.out.parent.mkdir(parents=True, exist_ok=True)
+        self.args.out.write_text(json.dumps(self.results(), indent=2, default=str) + "\n")
         print(f"[{self.elapsed_min():5.1f} min] {record['config']:22s} wall {record['wall_s']:8.2f}s  "
               f"requests {record['requests']:6d}  429s {record['status_429']:5d}  in {record['input_tokens']:9d}  "
-              f"out {record['output_tokens']:8d}  LB {record['lower_bound_s']:6.2f}s  "
+              f"out {record['output_tokens']:8d}  LB {record.get('bound_s', record['lower_bound_s']):6.2f}s  "
               f"first-to-last {record['first_to_last_request_s']}s  in-flight {record['mean_in_flight']}"
               + (f"  ERROR {record['error']}" if record.get("error") else ""), flush=True)
         return record
@@ -304,12 +297,15 @@ class SideBySide:
                 "input_tokens": round(record["input_tokens"] / max(1, tkg_record["input_tokens"]), 2),
                 "output_tokens": round(record["output_tokens"] / max(1, tkg_record["output_tokens"]), 2),
             }
+            if record.get("bound_s") and tkg_record.get("bound_s"):
+                ratios[f"{config} / tkg"]["bound"] = round(record["bound_s"] / tkg_record["bound_s"], 2)
         return {
             "benchmark": "Graphiti (one by one and bulk) side by side with tkg and the cookbook-style baseline",
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                         "note": "shared machine: see loadavg_before/after per run"},
+            "provider_model": self.bench.realistic or "slots",
             "provider": {"latency_s": self.args.latency, "max_in_flight": self.args.max_in_flight,
                          "retry_after_s": self.args.retry_after, "responder": RESPONDER, "separate_process": True},
             "graphiti": {"version": _version("graphiti-core"), "kuzu": _version("kuzu"), "model": MODEL,
@@ -339,10 +335,16 @@ LABELS = {"baseline": "cookbook-style baseline", "graphiti_one_by_one": "Graphit
 
 def markdown(results: dict) -> str:
     fmt = lambda v, d=0: "n/a" if v is None else f"{v:,.{d}f}"
-    slots = results["provider"]["max_in_flight"]
-    lines = ["| run | wall s | first→last request s | requests | 429s | input tokens | output tokens | "
-             f"lower bound s (÷{slots}) | wall / bound | mean in flight | entities | facts / edges | invalidated |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    realistic = results.get("provider_model") not in (None, "slots")
+    # realistic: bench_llm's bound, max(tokens ÷ TPM, requests ÷ RPM, Σ latency ÷ slots), and the
+    # same with the first minute's full budgets spent at once ("drained")
+    bound_keys = (("bound_s", "wall_over_bound"), ("drained_bound_s", "wall_over_drained_bound")) if realistic else \
+        (("lower_bound_s", "wall_over_lower_bound"),)
+    bound_titles = "bound s | wall / bound | drained bound s | wall / drained bound" if realistic else \
+        f"lower bound s (÷{results['provider']['max_in_flight']}) | wall / bound"
+    lines = [f"| run | wall s | first→last request s | requests | 429s | input tokens | output tokens | {bound_titles} | "
+             "mean in flight | entities | facts / edges | invalidated |",
+             "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (2 * len(bound_keys)) + "---:|---:|---:|---:|"]
     for record in results["runs"]:
         graph = record.get("graph", {})
         if record["side"] == "graphiti":
@@ -354,8 +356,9 @@ def markdown(results: dict) -> str:
             entities, facts, invalidated = None, record.get("events"), None
         lines.append(f"| {LABELS.get(record['config'], record['config'])} | {fmt(record['wall_s'], 1)} | "
                      f"{fmt(record['first_to_last_request_s'], 1)} | {fmt(record['requests'])} | {fmt(record['status_429'])} | "
-                     f"{fmt(record['input_tokens'])} | {fmt(record['output_tokens'])} | {fmt(record['lower_bound_s'], 1)} | "
-                     f"{fmt(record['wall_over_lower_bound'], 2)} | {fmt(record['mean_in_flight'], 1)} | "
+                     f"{fmt(record['input_tokens'])} | {fmt(record['output_tokens'])} | "
+                     + "".join(f"{fmt(record.get(bound), 1)} | {fmt(record.get(ratio), 2)} | " for bound, ratio in bound_keys)
+                     + f"{fmt(record['mean_in_flight'], 1)} | "
                      f"{fmt(entities) if isinstance(entities, (int, float)) else 'n/a'} | "
                      f"{fmt(facts) if isinstance(facts, (int, float)) else 'n/a'} | "
                      f"{fmt(invalidated) if isinstance(invalidated, (int, float)) else 'n/a'} |")
@@ -371,16 +374,19 @@ def markdown(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--latency", type=float, default=0.3, help="provider latency per request, seconds")
-    parser.add_argument("--max-in-flight", type=int, default=32, help="the provider's limit on requests in flight")
-    parser.add_argument("--retry-after", type=float, default=1.0, help="Retry-After the provider sends with a 429")
+    bench_llm.add_provider_arguments(parser)
     parser.add_argument("--limit", type=int, default=4, help="number of the four 2017 AMD calls to use (every side)")
     parser.add_argument("--modes", type=lambda text: text.split(","), default=["one_by_one", "bulk"],
                         help="Graphiti modes, comma-separated: one_by_one, bulk")
     parser.add_argument("--no-baseline", action="store_true", help="skip the cookbook-style baseline")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "graphiti.json")
+    parser.add_argument("--graphiti-max-coroutines", type=int, default=None,
+                        help="Graphiti's max_coroutines (its documented remedy for 429s; default: its SEMAPHORE_LIMIT, 20)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: results/graphiti_realistic.json (slots model: results/graphiti.json)")
     parser.add_argument("--keep-tmp", action="store_true")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = HERE / "results" / ("graphiti.json" if args.provider == "slots" else "graphiti_realistic.json")
     unknown = sorted(set(args.modes) - {"one_by_one", "bulk"})
     if unknown:
         parser.error(f"unknown Graphiti mode(s) {unknown}; use one_by_one, bulk or both, comma-separated")

@@ -75,6 +75,7 @@ CALL_DATES = (date(2017, 1, 31), date(2017, 5, 1), date(2017, 7, 25), date(2017,
 COMPANY = "AMD"
 API_KEY = "bench-key-not-secret"
 LOST_REASONS = ("validity_statement_without_answer", "triplets_statement_without_answer")
+PIPELINE_RESPONDER = "fakes.responders:PipelineResponder"
 TARGETS = {"speedup": 5.0, "request_ratio": 3.0, "input_token_ratio": 2.0, "bs1_over_lower_bound": 1.5}
 
 log = logging.getLogger("bench_llm")
@@ -87,16 +88,17 @@ class Provider:
     """The local OpenAI-compatible server in its own process, controlled over HTTP."""
 
     def __init__(self, latency_s: float, max_in_flight: int, retry_after_s: float, url: str | None = None,
-                 realistic: dict | None = None) -> None:
+                 realistic: dict | None = None, responder: str = PIPELINE_RESPONDER) -> None:
         """`realistic`: the realistic provider's settings (mode, ttft_s, output_tokens_per_s, rpm,
-        tpm); None: the slots model (fixed latency, `max_in_flight` slots)."""
+        tpm); None: the slots model (fixed latency, `max_in_flight` slots). `responder`: the
+        server's `--responder` (module:attribute) when it is started here."""
         self.latency_s, self.max_in_flight, self.retry_after_s = latency_s, max_in_flight, retry_after_s
         self.realistic = realistic
         self.process: subprocess.Popen | None = None
         if url is None:
             command = [sys.executable, "-m", "fakes.openai_server", "--port", "0", "--latency", str(latency_s),
                        "--max-in-flight", str(max_in_flight), "--retry-after", str(retry_after_s),
-                       "--responder", "fakes.responders:PipelineResponder", "--log-level", "warning"]
+                       "--responder", responder, "--log-level", "warning"]
             if realistic:
                 command += ["--mode", "realistic", "--rpm", str(realistic["rpm"]), "--tpm", str(realistic["tpm"]),
                             "--ttft", str(realistic["ttft_s"]), "--tokens-per-s", str(realistic["output_tokens_per_s"])]
@@ -315,8 +317,31 @@ def llm_calls_total(root: Path) -> dict | None:
 # --------------------------------------------------------------------------- the bench
 
 
+def add_provider_arguments(parser: argparse.ArgumentParser) -> None:
+    """The provider's options, shared by every benchmark that starts it (bench_llm, bench_graphiti)."""
+    parser.add_argument("--provider", choices=("realistic", "slots"), default="realistic",
+                        help="realistic: time to first token + output tokens/s, RPM/TPM budgets with x-ratelimit-* "
+                             "headers (default); slots: the older fixed latency and concurrency limit")
+    parser.add_argument("--rpm", type=int, default=500, help="realistic: requests per minute (OpenAI tier 1, gpt-4.1-mini)")
+    parser.add_argument("--tpm", type=int, default=200_000, help="realistic: tokens per minute (OpenAI tier 1, gpt-4.1-mini)")
+    parser.add_argument("--ttft", type=float, default=0.93, help="realistic: seconds to the first token")
+    parser.add_argument("--tokens-per-s", type=float, default=77.2, help="realistic: output tokens per second")
+    parser.add_argument("--latency", type=float, default=0.3, help="slots: provider latency per request, seconds")
+    parser.add_argument("--max-in-flight", type=int, default=32, help="slots: the provider's limit on requests in flight")
+    parser.add_argument("--retry-after", type=float, default=1.0, help="slots: Retry-After the provider sends with a 429")
+
+
+def realistic_provider(args: argparse.Namespace) -> dict | None:
+    """The realistic provider's settings from `add_provider_arguments`' options; None for the slots model."""
+    if args.provider == "slots":
+        return None
+    return {"mode": "realistic", "ttft_s": args.ttft, "output_tokens_per_s": args.tokens_per_s, "rpm": args.rpm,
+            "tpm": args.tpm}
+
+
 class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, responder: str = PIPELINE_RESPONDER) -> None:
+        """`responder`: what the provider started here answers with (ignored with `--server-url`)."""
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="tkg-bench-llm-"))
         self.runs: list[dict] = []
@@ -342,9 +367,9 @@ class Bench:
         # request of both sides to stderr; a benchmark (like any application) sets its own level.
         logging.getLogger().setLevel(logging.WARNING)
         self.phases = PhaseRecorder()
-        self.realistic = None if args.provider == "slots" else {
-            "mode": "realistic", "ttft_s": args.ttft, "output_tokens_per_s": args.tokens_per_s, "rpm": args.rpm, "tpm": args.tpm}
-        self.provider = Provider(args.latency, args.max_in_flight, args.retry_after, args.server_url, self.realistic)
+        self.realistic = realistic_provider(args)
+        self.provider = Provider(args.latency, args.max_in_flight, args.retry_after, args.server_url, self.realistic,
+                                 responder)
         self._warm_up_provider()
 
     def _warm_up_provider(self) -> None:
@@ -900,21 +925,12 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="repeats of the side-by-side runs (medians quoted)")
-    parser.add_argument("--latency", type=float, default=0.3, help="provider latency per request, seconds")
-    parser.add_argument("--max-in-flight", type=int, default=32, help="the provider's limit on requests in flight")
+    add_provider_arguments(parser)
     parser.add_argument("--tkg-max-in-flight", type=int, default=None,
                         help="tkg's max_in_flight (default: tkg's own default, as a user who does not know the limit gets)")
     parser.add_argument("--over-limit", type=int, default=64,
                         help="also run tkg with this max_in_flight, above the provider's limit, every repeat (0: skip)")
-    parser.add_argument("--retry-after", type=float, default=1.0, help="Retry-After the provider sends with a 429")
     parser.add_argument("--limit", type=int, default=4, help="number of the four 2017 AMD calls to use")
-    parser.add_argument("--provider", choices=("realistic", "slots"), default="realistic",
-                        help="realistic: time to first token + output tokens/s, RPM/TPM budgets with x-ratelimit-* "
-                             "headers (default); slots: the older fixed latency and concurrency limit")
-    parser.add_argument("--rpm", type=int, default=500, help="realistic: requests per minute (OpenAI tier 1, gpt-4.1-mini)")
-    parser.add_argument("--tpm", type=int, default=200_000, help="realistic: tokens per minute (OpenAI tier 1, gpt-4.1-mini)")
-    parser.add_argument("--ttft", type=float, default=0.93, help="realistic: seconds to the first token")
-    parser.add_argument("--tokens-per-s", type=float, default=77.2, help="realistic: output tokens per second")
     parser.add_argument("--no-batch-1", dest="batch_1", action="store_false", help="skip the batch-size-1 runs")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                         help="tkg's runs only (e.g. to re-measure tkg after a change; no side-by-side ratios)")
