@@ -69,6 +69,9 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))  # the repository: the fake provider (fakes/) is not installed
+
+from fakes.openai_server import PROVIDER_MODES, REALISTIC_OUTPUT_TOKENS_PER_S, REALISTIC_TTFT_S  # noqa: E402
 
 DATA = Path(os.environ.get("TKG_EARNINGS_CALLS", HERE.parent.parent / "shared" / "data" / "earnings_calls" / "transcripts.parquet"))
 CALL_DATES = (date(2017, 1, 31), date(2017, 5, 1), date(2017, 7, 25), date(2017, 10, 24))
@@ -319,13 +322,13 @@ def llm_calls_total(root: Path) -> dict | None:
 
 def add_provider_arguments(parser: argparse.ArgumentParser) -> None:
     """The provider's options, shared by every benchmark that starts it (bench_llm, bench_graphiti)."""
-    parser.add_argument("--provider", choices=("realistic", "slots"), default="realistic",
+    parser.add_argument("--provider", choices=PROVIDER_MODES, default="realistic",
                         help="realistic: time to first token + output tokens/s, RPM/TPM budgets with x-ratelimit-* "
                              "headers (default); slots: the older fixed latency and concurrency limit")
     parser.add_argument("--rpm", type=int, default=500, help="realistic: requests per minute (OpenAI tier 1, gpt-4.1-mini)")
     parser.add_argument("--tpm", type=int, default=200_000, help="realistic: tokens per minute (OpenAI tier 1, gpt-4.1-mini)")
-    parser.add_argument("--ttft", type=float, default=0.93, help="realistic: seconds to the first token")
-    parser.add_argument("--tokens-per-s", type=float, default=77.2, help="realistic: output tokens per second")
+    parser.add_argument("--ttft", type=float, default=REALISTIC_TTFT_S, help="realistic: seconds to the first token")
+    parser.add_argument("--tokens-per-s", type=float, default=REALISTIC_OUTPUT_TOKENS_PER_S, help="realistic: output tokens per second")
     parser.add_argument("--latency", type=float, default=0.3, help="slots: provider latency per request, seconds")
     parser.add_argument("--max-in-flight", type=int, default=32, help="slots: the provider's limit on requests in flight")
     parser.add_argument("--retry-after", type=float, default=1.0, help="slots: Retry-After the provider sends with a 429")

@@ -44,13 +44,12 @@ def stamped_files(store: ParquetStore, folders: list[str], wanted: Callable[[str
     """Every Parquet file under `folders` (relative to the store's root) whose path is `wanted`,
     with its stamp, sorted by path. Footers are read only for files the manifest does not know
     in their current size and time; the manifest is rewritten when it learned something."""
-    prefix = str(store.parquet_root) + "/"
     found: dict[str, tuple[int, int]] = {}
     for folder in folders:
         selector = pafs.FileSelector(str(store.parquet_root / folder), recursive=True, allow_not_found=True)
         for info in store.filesystem.get_file_info(selector):
             name = info.path.rsplit("/", 1)[-1]
-            relative = info.path.removeprefix(prefix)
+            relative = store.relative(info.path)
             if info.type == pafs.FileType.File and name.endswith(".parquet") and not name.startswith(".") and wanted(relative):
                 found[relative] = (int(info.size or 0), mtime_ns(info))
     known = _read_manifest(store)
@@ -61,7 +60,7 @@ def stamped_files(store: ParquetStore, folders: list[str], wanted: Callable[[str
         if entry is not None and entry[0] == size and entry[1] == mtime:
             stamps[path] = entry[2]
         else:
-            stamps[path] = store.stamp(_absolute(store, path))
+            stamps[path] = store.stamp(store.absolute(path))
             known[path] = (size, mtime, stamps[path])
             learned = True
     listed_folders = tuple(folder.rstrip("/") + "/" for folder in folders)
@@ -78,16 +77,11 @@ def scan(store: ParquetStore, connection: Any, files: list[PurePath]) -> Any:
     one of them written with the same columns (their stamps' schema fingerprints), as every
     partition of a stage written by one tkg is."""
     known = _read_manifest(store)
-    prefix = str(store.parquet_root) + "/"
     schemas = set()
     for path in files:
-        entry = known.get(str(path).removeprefix(prefix))
+        entry = known.get(store.relative(path))
         schemas.add(entry[2].schema if entry is not None and entry[2] is not None else "")
     return store.relation(connection, files, uniform=len(schemas) == 1 and "" not in schemas)
-
-
-def _absolute(store: ParquetStore, relative: str) -> PurePath:
-    return store.parquet_root / relative
 
 
 # The last manifest this process read, by its file's path, size and time: 100,000 stamps are
@@ -96,7 +90,7 @@ _LAST_READ: dict[str, tuple[tuple[int, int], dict[str, tuple[int, int, Stamp | N
 
 
 def _read_manifest(store: ParquetStore) -> dict[str, tuple[int, int, Stamp | None]]:
-    path = _absolute(store, MANIFEST)
+    path = store.absolute(MANIFEST)
     info = store.filesystem.get_file_info(str(path))
     if info.type != pafs.FileType.File:
         return {}
@@ -124,4 +118,4 @@ def _write_manifest(store: ParquetStore, known: dict[str, tuple[int, int, Stamp 
         "mtime_ns": [entry[1] for _, entry in rows],
         "stamp": [entry[2].to_json() if entry[2] is not None else None for _, entry in rows],
     }, schema=_SCHEMA)
-    store.write(_absolute(store, MANIFEST), table)
+    store.write(store.absolute(MANIFEST), table)

@@ -201,6 +201,14 @@ class ParquetStore:
             folder = folder / f"shard={shard}"
         return folder / "llm_calls.parquet"
 
+    def relative(self, path: PurePath | str) -> str:
+        """A path of the store as it is named relative to the Parquet root ('/'-separated)."""
+        return str(path).removeprefix(str(self.parquet_root) + "/")
+
+    def absolute(self, relative: str) -> PurePath:
+        """The path of the store that `relative` (as `relative()` gives it) names."""
+        return self.parquet_root / relative
+
     def files(self, pattern: str) -> list[PurePath]:
         """The files under the Parquet root whose relative path matches `pattern` (a glob:
         `*` within a folder, `**/` across folders), sorted."""
@@ -213,10 +221,9 @@ class ParquetStore:
         base = self.parquet_root / fixed if fixed else self.parquet_root
         selector = pafs.FileSelector(str(base), recursive=True, allow_not_found=True)
         matcher = _glob_regex(pattern)
-        prefix = str(self.parquet_root) + "/"
         found = {}
         for info in self.filesystem.get_file_info(selector):
-            relative = info.path.removeprefix(prefix)
+            relative = self.relative(info.path)
             if info.type == pafs.FileType.File and matcher.match(relative) and not relative.rsplit("/", 1)[-1].startswith("."):
                 found[type(self.parquet_root)(info.path)] = (int(info.size or 0), mtime_ns(info))
         return found

@@ -183,35 +183,28 @@ def _same_columns(connection: duckdb.DuckDBPyConnection, raw: RawTable) -> bool:
 def _update_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable,
                 now: dict[str, tuple[int, int]], before: dict[str, tuple[int, int]]) -> str:
     """Bring one raw table of a copied file up to the store: what was done, in a few words."""
-    if now == before and _same_columns(connection, raw):
+    same_columns = _same_columns(connection, raw)
+    if now == before and same_columns:
         return "kept"
-    changed = sorted(path for path, identity in now.items() if before.get(path) != identity)
-    gone = sorted(set(before) - set(now))
+    changed = [path for path, identity in now.items() if before.get(path) != identity]
+    gone = set(before) - set(now)
     partitioned = raw.file is None and raw.pattern is None
-    touched = {_partition_of(path) for path in (*changed, *gone)} if partitioned else set()
-    if not partitioned or not _same_columns(connection, raw) or len(touched) * 2 > max(len(now), 1):
-        _load_raw(connection, store, raw, [_absolute(store, path) for path in sorted(now)])
-        return "reloaded"
-    connection.register("touched", pa.table({"company": [c for c, _ in sorted(touched)],
-                                             "quarter": [date.fromisoformat(q) for _, q in sorted(touched)]}))
-    connection.execute(f"DELETE FROM raw.{raw.name} AS t USING touched AS p WHERE t.company = p.company AND t.quarter = p.quarter")
-    connection.unregister("touched")
-    rebuilt = [_absolute(store, path) for path in sorted(now) if _partition_of(path) in touched]
-    if rebuilt:
+    touched = sorted({_partition_of(path) for path in (*changed, *gone)}) if partitioned else []
+    if partitioned and same_columns and len(touched) * 2 <= max(len(now), 1):
+        connection.register("touched", pa.table({"company": [company for company, _ in touched],
+                                                 "quarter": [date.fromisoformat(quarter) for _, quarter in touched]}))
+        connection.execute(f"DELETE FROM raw.{raw.name} AS t USING touched AS p WHERE t.company = p.company AND t.quarter = p.quarter")
+        connection.unregister("touched")
+        replaced = set(touched)
+        rebuilt = [store.absolute(path) for path in sorted(now) if _partition_of(path) in replaced]
         try:
-            _insert_files(connection, store, raw, rebuilt, f"INSERT INTO raw.{raw.name} BY NAME {{select}}")
+            if rebuilt:
+                _insert_files(connection, store, raw, rebuilt, f"INSERT INTO raw.{raw.name} BY NAME {{select}}")
+            return f"{len(touched)} partition(s) replaced"
         except duckdb.BinderException:  # files with columns the table lacks: loaded whole, as fresh
-            _load_raw(connection, store, raw, [_absolute(store, path) for path in sorted(now)])
-            return "reloaded"
-    return f"{len(touched)} partition(s) replaced"
-
-
-def _absolute(store: ParquetStore, relative: str) -> PurePath:
-    return store.parquet_root / relative
-
-
-def _relative(store: ParquetStore, path: PurePath) -> str:
-    return str(path).removeprefix(str(store.parquet_root) + "/")
+            pass
+    _load_raw(connection, store, raw, [store.absolute(path) for path in sorted(now)])
+    return "reloaded"
 
 
 def register_raw(connection: duckdb.DuckDBPyConnection, raw_tables: dict[str, pa.Table]) -> None:
@@ -331,7 +324,7 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
     target.parent.mkdir(parents=True, exist_ok=True)
     models = load_models() if models is None else models
     code_version = warehouse_code_version(models)
-    sources = {raw.name: {_relative(store, path): identity for path, identity in _raw_source(store, raw).items()}
+    sources = {raw.name: {store.relative(path): identity for path, identity in _raw_source(store, raw).items()}
                for raw in raw_tables}
     before = _loaded_files(target, code_version)
     temporary = temporary_path(target, ".building")
@@ -349,7 +342,7 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
             connection.executemany("INSERT INTO raw.build_info VALUES (?, ?)", list(build_info.items()))
             for raw in raw_tables:
                 if before is None:
-                    _load_raw(connection, store, raw, [_absolute(store, path) for path in sorted(sources[raw.name])])
+                    _load_raw(connection, store, raw, [store.absolute(path) for path in sorted(sources[raw.name])])
                     result.tables[raw.name] = "loaded"
                 else:
                     result.tables[raw.name] = _update_raw(connection, store, raw, sources[raw.name], before.get(raw.name, {}))

@@ -36,6 +36,13 @@ from tkg_assets.instance import DUCKDB_POOL
 WAREHOUSE_KEY = dg.AssetKey(WAREHOUSE.name)
 
 
+def _check_evaluation(result: CheckResult) -> dg.AssetCheckEvaluation:
+    """A check's result as an event an op logs for the warehouse asset."""
+    evaluation = _check_result(result)
+    return dg.AssetCheckEvaluation(asset_key=WAREHOUSE_KEY, check_name=result.name, passed=result.passed,
+                                   severity=evaluation.severity, metadata=evaluation.metadata)
+
+
 def _check_result(result: CheckResult) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         check_name=result.name, passed=result.passed,
@@ -73,10 +80,7 @@ def publish_checked(context: dg.OpExecutionContext | dg.AssetExecutionContext,
         published = run_warehouse(settings, check=guard(results))
     except WarehouseCheckFailed as failure:
         for result in failure.results:
-            evaluation = _check_result(result)
-            context.log_event(dg.AssetCheckEvaluation(asset_key=WAREHOUSE_KEY, check_name=result.name,
-                                                      passed=result.passed, severity=evaluation.severity,
-                                                      metadata=evaluation.metadata))
+            context.log_event(_check_evaluation(result))
         raise dg.Failure(description=str(failure)) from None
     share_warehouse(settings)
     metadata = {"path": dg.MetadataValue.path(str(published.path)), "size_bytes": published.size_bytes,
@@ -95,9 +99,7 @@ def publish_events(context: dg.OpExecutionContext, settings: Settings) -> Iterat
     yield dg.AssetMaterialization(asset_key=WAREHOUSE_KEY, metadata=metadata,
                                   tags=version_tags(WAREHOUSE, published.stamp))
     for result in results:
-        evaluation = _check_result(result)
-        yield dg.AssetCheckEvaluation(asset_key=WAREHOUSE_KEY, check_name=result.name, passed=result.passed,
-                                      severity=evaluation.severity, metadata=evaluation.metadata)
+        yield _check_evaluation(result)
     for model, metadata in model_metadata(context, settings, MODELS):
         yield dg.AssetMaterialization(asset_key=model_key(model), metadata=metadata,
                                       tags={"dagster/code_version": model.sha256[:16]})
