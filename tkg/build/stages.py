@@ -43,7 +43,7 @@ from tkg.core.partitions import Partition, key_of
 from tkg.core.results import StageIncomplete, StageJob, StageResult, missing_text
 from tkg.core.versions import Stamp, stamp_of_schema, stamped
 from tkg.ingest.parsing import SourceRow
-from tkg.llm.client import RequestFailed
+from tkg.llm.wire import RequestFailed
 from tkg.providers import Providers, fingerprints, open_providers
 from tkg.settings import Settings, size_in_bytes
 from tkg.store.parquet import ParquetStore

@@ -43,16 +43,12 @@ from tkg.core.results import StageStats
 from tkg.llm.prompts import RenderedPrompt
 from tkg.llm.settings import LLMSettings
 from tkg.llm.ratelimits import AdaptiveLimiter, RateLimitPacer, estimate_tokens, retry_after_s, stamp_sent_request
-from tkg.llm.wire import InvalidOutput
+from tkg.llm.wire import InvalidOutput, RequestFailed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError, openai.APIConnectionError)
-
-
-class RequestFailed(RuntimeError):
-    """A request that still failed after all retries; the caller drops the item and counts it."""
 
 
 @dataclass

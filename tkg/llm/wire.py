@@ -37,6 +37,11 @@ from tkg.core.results import StageStats
 from tkg.extract.figures import Segment
 
 
+class RequestFailed(RuntimeError):
+    """A request that still failed after all retries; the caller drops the item and counts it.
+    (Here, not beside the client, so that code catching it need not import the OpenAI SDK.)"""
+
+
 class InvalidOutput(ValueError):
     """The response cannot be used; the message says why, for a re-ask."""
 
