@@ -190,6 +190,23 @@ def test_a_shard_over_its_memory_limit_fails_alone_and_a_rerun_finishes_only_it(
     assert store.read(store.global_path("invalidated_events", "event_invalidations")).num_rows > 0
 
 
+def test_a_global_step_past_its_duckdb_memory_fails_named_and_keeps_the_published_graph(sample_home, tmp_path):
+    """DuckDB's own out-of-memory error (what it could not spill passed TKG_STEP_MEMORY) names
+    the step, its setting and the way past it, with no traceback; the last good graph stays,
+    and a rerun with the default finishes the job."""
+    home = _copy(sample_home, tmp_path / "home")
+    published = _digest(home / "tkg.duckdb")
+    shutil.rmtree(home / "parquet" / "canonical_entities")
+    failed = run_tkg(home, "build", env={"TKG_STEP_MEMORY": "4MB"})
+    assert failed.returncode != 0
+    output = failed.stderr + failed.stdout
+    assert "canonical_entities: DuckDB needed more than TKG_STEP_MEMORY=4MB" in output and "raise TKG_STEP_MEMORY" in output
+    assert "Traceback" not in output
+    assert _digest(home / "tkg.duckdb") == published
+    run_tkg(home, "build", check=True)
+    assert (home / "parquet" / "canonical_entities").exists() and _digest(home / "tkg.duckdb") != published
+
+
 def test_a_memory_setting_that_is_not_a_size_is_named(tmp_path):
     completed = run_tkg(tmp_path / "home", "build", env={"TKG_MEMORY_LIMIT": "4 gigs"})
     assert completed.returncode != 0

@@ -16,11 +16,14 @@ missing and the partition stays stale until a rerun completes it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 
 from tkg.build import catalog
@@ -38,7 +41,7 @@ from tkg.build.state import (
 )
 from tkg.core import tables
 from tkg.core.ids import short_hash
-from tkg.core.machine import memory_watch
+from tkg.core.machine import MemoryExceeded, memory_watch
 from tkg.core.partitions import Partition, key_of
 from tkg.core.results import StageIncomplete, StageJob, StageResult, missing_text
 from tkg.core.versions import Stamp, stamp_of_schema, stamped
@@ -211,15 +214,17 @@ def run_global(runtime: Runtime, stage: Stage, shard: str | None = None) -> Stag
         kept.input_versions = upstream
         return kept
     usage: list[dict[str, Any]] = []
-    with settings.spilling_connection() as connection:
+    what = f"{stage.name}{' shard ' + shard if shard else ''}"
+    limit = size_in_bytes(settings.memory_limit, "TKG_MEMORY_LIMIT")
+    advice = "more shards (TKG_SHARDS) make each smaller" if shard else "TKG_STEP_MEMORY bounds its DuckDB part"
+    # The watch covers the writes too: an output that is a DuckDB relation is computed as it is written.
+    with (settings.spilling_connection() as connection,
+          memory_watch(limit, f"{what} (TKG_MEMORY_LIMIT={settings.memory_limit}; {advice})", connection.interrupt),
+          _duckdb_memory_named(what, settings, shard)):
         job = StageJob(None, {}, runtime.providers, allow_partial=settings.allow_partial, store=store, connection=connection,
                        shard=shard, shard_keys=shard_keys, versions=upstream, previous=_trusted_previous(store, stage, shard, stamp))
-        limit = size_in_bytes(settings.memory_limit, "TKG_MEMORY_LIMIT")
-        advice = "more shards (TKG_SHARDS) make each smaller" if shard else "TKG_STEP_MEMORY bounds its DuckDB part"
         try:
-            with memory_watch(limit, f"{stage.name}{' shard ' + shard if shard else ''} (TKG_MEMORY_LIMIT="
-                                     f"{settings.memory_limit}; {advice})", connection.interrupt):
-                result = compute(stage, job, usage)
+            result = compute(stage, job, usage)
         finally:
             record_usage(store, usage, shard=shard)
         result.stamp = Stamp(stage.name, stamp.code_version, stamp.inputs, dict(result.missing))
@@ -342,6 +347,20 @@ def stale_work(runtime: Runtime, stage: catalog.Stage) -> list[str]:
     return [key for key, stamp in state.shards[stage.name].items()
             if stamp is None or stamp.code_version != runtime.code_versions[stage.name] or not stamp.complete
             or stamp.inputs != global_inputs(stage, state, versions, key)]
+
+
+@contextmanager
+def _duckdb_memory_named(what: str, settings: Settings, shard: str | None) -> Iterator[None]:
+    """DuckDB's out-of-memory error as a message that names the step or shard, its limit and
+    the way past it (DuckDB spills sorts, joins and aggregates; what it could not spill was
+    bigger than TKG_STEP_MEMORY)."""
+    try:
+        yield
+    except duckdb.OutOfMemoryException as error:
+        way = ("more shards (TKG_SHARDS, now " + str(settings.shards) + ") make each smaller, or raise TKG_STEP_MEMORY"
+               if shard else "raise TKG_STEP_MEMORY")
+        raise MemoryExceeded(f"{what}: DuckDB needed more than TKG_STEP_MEMORY={settings.step_memory} "
+                             f"({str(error).splitlines()[0]}); {way}") from error
 
 
 def shard_keys_of(settings: Settings) -> list[str]:
