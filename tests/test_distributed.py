@@ -211,6 +211,10 @@ def test_two_celery_workers_sharing_only_postgres_redis_and_s3_build_the_graph_a
         "TKG_EXECUTOR": "celery", "TKG_CELERY_BROKER": redis_server.url(0), "TKG_CELERY_BACKEND": redis_server.url(1),
         "TKG_STORAGE": f"s3://{bucket}/tkg", "TKG_DUCKDB_UPLOAD": f"s3://{bucket}/published/tkg.duckdb",
         "TKG_SOURCE": "sample", "TKG_LLM": "offline",
+        # Two shards, not the default eight: each shard's files are objects in the store, read and
+        # written over HTTP by every refresh, and the graph does not depend on the count, so it
+        # must still equal the local build's (eight shards) below.
+        "TKG_SHARDS": "2",
     }
     workers = {"worker-a": tmp_path / "worker-a", "worker-b": tmp_path / "worker-b"}
     orchestrator = tmp_path / "orchestrator"

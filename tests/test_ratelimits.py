@@ -61,12 +61,13 @@ def test_reset_durations_and_malformed_headers():
 
 
 def test_paced_requests_spend_the_token_budget_without_429s():
-    """Tokens worth about 1.6 minutes of the TPM budget: the first minute's worth goes at once
+    """Tokens worth about 1.15 minutes of the TPM budget: the first minute's worth goes at once
     (the budget starts full), the rest as it refills; no request collides with the limit, and
-    concurrency rises past the fallback window to what the budget allows."""
+    concurrency rises past the fallback window to what the budget allows. (The overflow past one
+    minute's budget is what the test waits for, so it is kept small: the pacing is the same.)"""
     tpm, rpm = 30_000, 1_000
     rng = random.Random(7)
-    sizes = [(rng.randint(150, 450), rng.randint(10, 80)) for _ in range(150)]
+    sizes = [(rng.randint(150, 450), rng.randint(10, 80)) for _ in range(85)]
     provider = realistic_settings(rpm=rpm, tpm=tpm, ttft_s=0.2, output_tokens_per_s=400.0)
     with OpenAICompatibleServer(sized_responder, provider=provider) as server:
         client = LLMClient(LLMSettings(base_url=server.base_url, max_in_flight=4, max_attempts=6), "sk-test")
@@ -78,7 +79,7 @@ def test_paced_requests_spend_the_token_budget_without_429s():
         finally:
             client.close()
     tokens = served.input_tokens + served.output_tokens
-    assert tokens > 1.4 * tpm  # the budget binds
+    assert tokens > 1.1 * tpm  # the budget binds: more than 6 s of refill to wait for
     assert served.status_200 == len(sizes)
     assert served.status_429 <= 0.01 * served.total_requests, served
     # It waited for the budget to refill rather than colliding (how close it comes to the bound is
@@ -89,7 +90,7 @@ def test_paced_requests_spend_the_token_budget_without_429s():
 
 def test_requests_per_minute_budget_is_waited_for_not_collided_with():
     rpm = 120  # two a second
-    sizes = [(50, 5)] * 150  # the first 120 at once, then 30 at two a second
+    sizes = [(50, 5)] * 130  # the first 120 at once, then 10 at two a second
     provider = realistic_settings(rpm=rpm, tpm=1_000_000, ttft_s=0.05)
     with OpenAICompatibleServer(sized_responder, provider=provider) as server:
         client = LLMClient(LLMSettings(base_url=server.base_url, max_in_flight=8), "sk-test")
@@ -98,8 +99,8 @@ def test_requests_per_minute_budget_is_waited_for_not_collided_with():
             served = server.stats()
         finally:
             client.close()
-    assert served.status_200 == 150 and served.status_429 <= 1
-    assert wall >= 30 / 2 * 0.8  # the last 30 waited for the minute's budget to refill
+    assert served.status_200 == len(sizes) and served.status_429 <= 1
+    assert wall >= (len(sizes) - rpm) / (rpm / 60) * 0.8, wall  # the last 10 waited for the minute's budget to refill
 
 
 def test_a_429_pauses_for_retry_after_and_keeps_the_throughput():
@@ -115,10 +116,12 @@ def test_a_429_pauses_for_retry_after_and_keeps_the_throughput():
             other = openai.OpenAI(base_url=server.base_url, api_key="other", max_retries=0)
             other.responses.create(model=MODEL, input="z" * 4 * 15_000 + " WANT=1 ")
             stats = StageStats()
-            fire(client, [(400, 5)] * 20, stats)
-            # The burst sent on the stale budget collides once; after the pause every one of
-            # them gets through on its first retry, and nothing is lost.
-            assert stats.rate_limited >= 1 and stats.requests == 20 + stats.rate_limited
+            # About 4,600 tokens are left and the burst spends 6,400: the overflow, and so the
+            # wait, is kept small (the refill while the burst goes out is far less than it).
+            fire(client, [(1_600, 5)] * 4, stats)
+            # The burst sent on the stale budget collides; after the pause every one of them
+            # gets through on its first retry, and nothing is lost.
+            assert stats.rate_limited >= 1 and stats.requests == 4 + stats.rate_limited
             assert stats.retries == stats.rate_limited and not stats.dropped_total
             assert client.pacer._models[MODEL].reserve > 0.02  # the estimate was widened
         finally:
