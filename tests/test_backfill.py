@@ -226,3 +226,39 @@ def _assert_refreshed_once(instance, run_id: str) -> None:
     checks = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
     assert {event.event_log_entry.dagster_event.event_specific_data.check_name for event in checks} == \
         {check.name for check in CHECKS}
+
+
+class _RecordedWaits:
+    """A shutdown event for a daemon loop: records how long the loop asks to sleep and ends the
+    loop after its first look."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def wait(self, seconds: float) -> bool:
+        self.waits.append(seconds)
+        return True
+
+    def is_set(self) -> bool:
+        return bool(self.waits)
+
+
+def test_the_backfill_daemon_on_tkgs_instance_looks_for_new_backfills_every_5_seconds(tmp_path, monkeypatch):
+    """Dagster's backfill daemon waits 30 s between looks (a constant, not a setting); tkg's run
+    queue sets it from dagster.yaml, so a backfill launched from the UI is planned within 5 s."""
+    import dagster._daemon.controller as daemon_controller
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._daemon.backfill import execute_backfill_iteration_loop
+
+    from tkg_assets.instance import open_instance
+
+    monkeypatch.setattr(daemon_controller, "DEFAULT_DAEMON_INTERVAL_SECONDS", 30)  # Dagster's, restored afterwards
+    instance = open_instance(tmp_path / "dagster_home")
+    assert "BACKFILL" in instance.get_required_daemon_types()  # the daemon process reads the run queue here
+    shutdown = _RecordedWaits()
+    with WorkspaceProcessContext(instance, None) as context:
+        loop = execute_backfill_iteration_loop(context, logging.getLogger("test_backfill"), shutdown)
+        for _ in loop:
+            if shutdown.waits:
+                break
+    assert shutdown.waits and 0 < shutdown.waits[0] <= 5.0, shutdown.waits
