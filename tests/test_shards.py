@@ -250,3 +250,29 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert increment.keys() == built.keys() and len(built) == 3 * len(MEMOISED_TABLES)
     assert [name for name in built if not increment[name].equals(built[name])] == []
     assert _graph(home) == _graph(cold)
+
+
+def test_a_split_table_is_written_by_shard_in_order_within_its_memory_budget(tmp_path):
+    """`write_split` files each shard's rows, in the order they came, without the shard column,
+    however the batches mix shards; past its buffer budget it writes row groups as it goes
+    rather than holding the stream."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 20_000
+    shard = [f"{(i * 7919) % 5:02d}" for i in range(rows)]
+    data = pa.table({"event_id": [f"e{i:05d}" for i in range(rows)], "vector": [[float(i)] * 8 for i in range(rows)],
+                     "shard": shard})
+    store = ParquetStore(tmp_path)
+    folder = store.parquet_root / "fact_blocks" / "v=1" / "facts"
+    store.write_split(folder, pa.RecordBatchReader.from_batches(data.schema, data.to_batches(max_chunksize=999)),
+                      buffer_bytes=64 * 1024)
+    for key in sorted(set(shard)):
+        files = store.split_files("fact_blocks", "1", "facts", key)
+        assert [path.name for path in files] == ["part-0.parquet"]
+        written = pq.ParquetFile(str(files[0]))
+        assert written.schema_arrow.names == ["event_id", "vector"]
+        assert written.metadata.num_row_groups > 1  # flushed as it went
+        expected = data.filter(pa.compute.equal(data.column("shard"), key)).drop_columns(["shard"])
+        assert written.read().equals(expected)
+    assert not store.split_files("fact_blocks", "1", "facts", "05")

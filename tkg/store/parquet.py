@@ -18,12 +18,18 @@ from pathlib import Path, PurePath, PurePosixPath
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from tkg.core.machine import process_alive
 from tkg.core.versions import Stamp, read_stamp, read_stamp_from
+
+# A global step's tables split by shard (`ParquetStore.write_split`): what may wait in memory
+# before it is written, and the most rows a row group of theirs holds.
+SPLIT_BUFFER_BYTES = 256 * 2**20
+SPLIT_ROW_GROUP = 65536
 
 # Temporary files carry the host and process that write them, so a later run can tell the
 # leftovers of a killed writer from the files of a writer that is still at work.
@@ -168,15 +174,53 @@ class ParquetStore:
         folder = self.split_folder(asset, version, table)
         return self.files(f"{folder.relative_to(self.parquet_root).as_posix()}/shard={shard}/*.parquet")
 
-    def write_split(self, folder: PurePath, data: pa.RecordBatchReader) -> None:
-        """Write `data` (with a string column `shard`) as one folder per shard under `folder`,
-        streaming; what the folder held before is removed first."""
+    def write_split(self, folder: PurePath, data: pa.RecordBatchReader, buffer_bytes: int = SPLIT_BUFFER_BYTES) -> None:
+        """Write `data` (with a string column `shard`) as one file per shard,
+        `<folder>/shard=<key>/part-0.parquet` (the key in the path, not in the file), streaming;
+        what the folder held before is removed first.
+
+        At most `buffer_bytes` of rows wait in memory: each batch is cut by shard and appended
+        to its shard's buffer, and the largest buffer is written out as a row group whenever
+        they hold more. (Arrow's dataset writer queues up to 8M rows whatever their width: on
+        the facts of 5M events, with their vectors, several GB.)"""
         self.delete_folder(folder)
-        partitioning = pads.partitioning(pa.schema([("shard", pa.string())]), flavor="hive")
-        pads.write_dataset(data, str(folder), format="parquet", partitioning=partitioning, filesystem=self.filesystem,
-                           basename_template="part-{i}.parquet", existing_data_behavior="overwrite_or_ignore",
-                           max_rows_per_group=65536, min_rows_per_group=16384,
-                           file_options=pads.ParquetFileFormat().make_write_options(compression="zstd"))
+        writers: dict[str, pq.ParquetWriter] = {}
+        buffers: dict[str, list[pa.RecordBatch]] = {}
+        sizes: dict[str, int] = {}
+        schema = data.schema.remove(data.schema.get_field_index("shard"))
+
+        def flush(shard: str) -> None:
+            rows = pa.Table.from_batches(buffers.pop(shard), schema)
+            sizes.pop(shard)
+            writer = writers.get(shard)
+            if writer is None:
+                shard_folder = f"{folder}/shard={shard}"
+                self.filesystem.create_dir(shard_folder, recursive=True)
+                writer = writers[shard] = pq.ParquetWriter(f"{shard_folder}/part-0.parquet", schema, filesystem=self.filesystem,
+                                                           compression="zstd")
+            writer.write_table(rows, row_group_size=SPLIT_ROW_GROUP)
+
+        try:
+            for batch in data:
+                if not batch.num_rows:
+                    continue
+                order = pc.sort_indices(batch.column("shard"))
+                keys, rows = batch.column("shard").take(order), batch.drop_columns(["shard"])
+                counts = {row["values"]: row["counts"] for row in pc.value_counts(keys).to_pylist()}
+                start = 0
+                for shard in pc.unique(keys).to_pylist():  # sorted keys: in their order
+                    # a copy of the shard's rows, so the buffer holds them and not the whole batch
+                    part = rows.take(order.slice(start, counts[shard]))
+                    start += counts[shard]
+                    buffers.setdefault(shard, []).append(part)
+                    sizes[shard] = sizes.get(shard, 0) + part.nbytes
+                while sizes and sum(sizes.values()) > buffer_bytes:
+                    flush(max(sizes, key=sizes.__getitem__))
+            for shard in sorted(buffers):
+                flush(shard)
+        finally:
+            for writer in writers.values():
+                writer.close()
 
     def delete_folder(self, folder: PurePath) -> None:
         """Remove a folder and everything under it; a folder that is not there is fine."""
