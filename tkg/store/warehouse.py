@@ -135,22 +135,46 @@ def _raw_source(store: ParquetStore, raw: RawTable) -> dict[PurePath, tuple[int,
     return store.listing(f"{raw.asset}/company=*/quarter=*/{raw.asset}.parquet")
 
 
-def _insert_files(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable, files: list[PurePath],
-                  statement: str) -> None:
-    """Run `statement` ('... {select}') with `{select}` reading `files` with the columns the raw
-    table keeps, matched by name."""
-    source = scan(store, connection, files)  # noqa: F841 (read by name in the SQL below: a relation, or an object store's dataset)
-    columns = f"* EXCLUDE ({', '.join(raw.dropped)})" if raw.dropped else "*"
-    connection.execute(statement.format(select=f"SELECT {columns} FROM source"))
+# The most Parquet (on disk) one INSERT of a raw table reads. Rows wait in memory until their
+# row group (122,880 rows) is full or the statement ends: one statement over every transcript
+# of 5M events held their 1 GB of text in one unfinished row group and ran out of memory.
+LOAD_PIECE_BYTES = 64 * 2**20
 
 
-def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable, files: list[PurePath]) -> None:
+def _pieces(files: dict[PurePath, int], piece_bytes: int) -> list[list[PurePath]]:
+    """`files` (path: size) in order, cut into runs of at most `piece_bytes` (at least one file each)."""
+    pieces: list[list[PurePath]] = []
+    size = 0
+    for path in sorted(files):
+        if not pieces or size + files[path] > piece_bytes:
+            pieces.append([])
+            size = 0
+        pieces[-1].append(path)
+        size += files[path]
+    return pieces
+
+
+def _insert_files(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable, files: dict[PurePath, int]) -> None:
+    """Insert the rows of `files` (path: size) into `raw.<name>`, columns matched by name (a
+    column the files lack is NULL), in pieces of at most LOAD_PIECE_BYTES of Parquet, in order."""
+    for piece in _pieces(files, LOAD_PIECE_BYTES):
+        source = scan(store, connection, piece)  # noqa: F841 (read by name in the SQL below: a relation, or an object store's dataset)
+        connection.execute(f"INSERT INTO raw.{raw.name} BY NAME SELECT {_kept_columns(raw)} FROM source")
+
+
+def _kept_columns(raw: RawTable) -> str:
+    return f"* EXCLUDE ({', '.join(raw.dropped)})" if raw.dropped else "*"
+
+
+def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable, files: dict[PurePath, int]) -> None:
     # The table has every column of today's schema, in its order: columns that files written by
     # an older tkg lack are NULL there, and a view over the table never misses one.
     connection.register("empty", raw.schema.empty_table())
     create = f"CREATE OR REPLACE TABLE raw.{raw.name} AS SELECT * FROM empty"
     if files:
-        _insert_files(connection, store, raw, files, create + " UNION ALL BY NAME {select}")
+        source = scan(store, connection, sorted(files))  # noqa: F841 (its columns only: LIMIT 0)
+        connection.execute(f"{create} UNION ALL BY NAME (SELECT {_kept_columns(raw)} FROM source LIMIT 0)")
+        _insert_files(connection, store, raw, files)
     else:
         connection.execute(create)
     connection.unregister("empty")
@@ -196,14 +220,13 @@ def _update_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw:
         connection.execute(f"DELETE FROM raw.{raw.name} AS t USING touched AS p WHERE t.company = p.company AND t.quarter = p.quarter")
         connection.unregister("touched")
         replaced = set(touched)
-        rebuilt = [store.absolute(path) for path in sorted(now) if _partition_of(path) in replaced]
+        rebuilt = {store.absolute(path): size for path, (size, _) in now.items() if _partition_of(path) in replaced}
         try:
-            if rebuilt:
-                _insert_files(connection, store, raw, rebuilt, f"INSERT INTO raw.{raw.name} BY NAME {{select}}")
+            _insert_files(connection, store, raw, rebuilt)
             return f"{len(touched)} partition(s) replaced"
         except duckdb.BinderException:  # files with columns the table lacks: loaded whole, as fresh
             pass
-    _load_raw(connection, store, raw, [store.absolute(path) for path in sorted(now)])
+    _load_raw(connection, store, raw, {store.absolute(path): size for path, (size, _) in now.items()})
     return "reloaded"
 
 
@@ -342,7 +365,7 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
             connection.executemany("INSERT INTO raw.build_info VALUES (?, ?)", list(build_info.items()))
             for raw in raw_tables:
                 if before is None:
-                    _load_raw(connection, store, raw, [store.absolute(path) for path in sorted(sources[raw.name])])
+                    _load_raw(connection, store, raw, {store.absolute(path): size for path, (size, _) in sources[raw.name].items()})
                     result.tables[raw.name] = "loaded"
                 else:
                     result.tables[raw.name] = _update_raw(connection, store, raw, sources[raw.name], before.get(raw.name, {}))
