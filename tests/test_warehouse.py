@@ -191,7 +191,7 @@ def test_a_table_loaded_in_pieces_equals_one_loaded_at_once_row_for_row(sample_h
     """Raw tables are loaded a few MB of Parquet per statement (one statement over every
     transcript of 5M events held them all in memory); cut down to one file per statement, the
     published file has the same rows, and each table keeps the order of its files."""
-    import tkg.store.warehouse as warehouse
+    from tkg.store import warehouse
 
     store = ParquetStore(sample_home)
     whole = publish(store, tmp_path / "whole.duckdb", raw_tables())

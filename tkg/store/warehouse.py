@@ -24,10 +24,10 @@ import os
 import re
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path, PurePath
-from typing import Callable
 
 import duckdb
 import pyarrow as pa
