@@ -262,3 +262,37 @@ def test_the_backfill_daemon_on_tkgs_instance_looks_for_new_backfills_every_5_se
             if shutdown.waits:
                 break
     assert shutdown.waits and 0 < shutdown.waits[0] <= 5.0, shutdown.waits
+
+
+def test_a_run_waiting_for_a_pool_slot_sleeps_instead_of_spinning_a_core(tmp_path):
+    """tkg's queue starts one run more than its pool has slots, so the next run of a backfill has
+    loaded when a slot frees. That run waits for the slot: it must sleep while it waits, not
+    loop (Dagster 1.13's executor slept 0 s between looks, a core taken from the runs that work)."""
+    import threading
+
+    from tkg_assets.instance import open_instance
+
+    instance = open_instance(tmp_path / "dagster_home")
+    config = instance.get_concurrency_config()
+    assert config.run_queue_config.max_concurrent_runs == config.pool_config.default_pool_limit + 1
+    assert config.pool_config.op_granularity_run_buffer == 1
+    storage = instance.event_log_storage
+    storage.set_concurrency_slots("tkg_test_pool", 1)
+    assert storage.claim_concurrency_slot("tkg_test_pool", "a-run-holding-the-slot", "its_step").is_claimed
+
+    @dg.op(pool="tkg_test_pool")
+    def waits_for_the_slot() -> int:
+        return 1
+
+    @dg.job
+    def one_step():
+        waits_for_the_slot()
+
+    held_s = 4.0
+    threading.Timer(held_s, storage.free_concurrency_slot_for_step, ("a-run-holding-the-slot", "its_step")).start()
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = one_step.execute_in_process(instance=instance)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert result.success
+    assert wall >= held_s  # it did wait for the slot
+    assert cpu < 0.5 * held_s, f"the waiting run used {cpu:.1f} CPU-s in {wall:.1f} s"

@@ -8,3 +8,8 @@ import dagster as dg
 # tkg uses both on purpose (see notes in tkg_assets/partitions.py and checks.py).
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+
+# A step waiting for a pool slot sleeps between looks (Dagster 1.13 spins a core): tkg_assets/pool_wait.py.
+from tkg_assets.pool_wait import sleep_between_pool_claims
+
+sleep_between_pool_claims()

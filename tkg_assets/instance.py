@@ -27,7 +27,9 @@ MANAGED_MARKER = "# managed by tkg"
 
 
 def instance_config(dagster_home: Path) -> str:
-    return TEMPLATE.read_text().replace("{max_concurrent_runs}", str(max(1, usable_cores()))).replace("{dagster_home}", str(dagster_home))
+    cores = max(1, usable_cores())
+    return (TEMPLATE.read_text().replace("{run_slots}", str(cores + 1)).replace("{cores}", str(cores))
+            .replace("{dagster_home}", str(dagster_home)))
 
 
 def prepare_dagster_home(dagster_home: Path) -> None:
