@@ -13,3 +13,8 @@ warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 from tkg_assets.pool_wait import sleep_between_pool_claims
 
 sleep_between_pool_claims()
+
+# A code server forks each run from a process that has loaded tkg's code: tkg_assets/warm_runs.py.
+from tkg_assets.warm_runs import start_runs_warm
+
+start_runs_warm()

@@ -98,7 +98,7 @@ def refresh_request(instance: dg.DagsterInstance) -> dg.RunRequest | dg.SkipReas
     return dg.RunRequest(run_key=f"refresh:{newest}", tags={"tkg/reason": "partitions landed since the last publish"})
 
 
-def refresh_sensor(job: dg.JobDefinition, minimum_interval_seconds: int = 5) -> dg.SensorDefinition:
+def refresh_sensor(job: dg.JobDefinition, minimum_interval_seconds: int = 1) -> dg.SensorDefinition:
     @dg.sensor(name="tkg_automation", job=job, minimum_interval_seconds=minimum_interval_seconds,
                default_status=dg.DefaultSensorStatus.RUNNING)
     def tkg_automation(context: dg.SensorEvaluationContext):

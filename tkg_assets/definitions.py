@@ -26,6 +26,7 @@ from tkg_assets.assets.warehouse import sql_models, warehouse
 from tkg_assets.automation import refresh_sensor, stale_partition_requests
 from tkg_assets.batch import Progress, build_partitions, no_progress, refresh_and_publish, refresh_graph
 from tkg_assets.partitions import partition_space, shard_space
+from tkg_assets.warm_runs import start_forkserver_now
 
 
 def pipeline_assets(settings: Settings) -> tuple[list, list]:
@@ -110,3 +111,5 @@ def build_definitions(settings: Settings, executor: dg.ExecutorDefinition | None
 # `tkg build` runs its jobs in its own process (build_definitions without an executor); the
 # daemon, the UI and the workers of a distributed deploy load this, with TKG_EXECUTOR's executor.
 defs = build_definitions(Settings.resolve(), executor=executor_from_env())
+# In tkg dev's code server, the process runs are forked from starts loading now (tkg_assets/warm_runs.py).
+start_forkserver_now()

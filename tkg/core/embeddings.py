@@ -86,6 +86,10 @@ class WordLlamaEmbedder:
         self.dimension = dimension
         self.name = wordllama_name(dimension)
 
+    def load(self) -> None:
+        """Load the model now (it loads at the first `embed` otherwise)."""
+        _load_wordllama(self.dimension)
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """The same vectors as `WordLlama.embed` (checked bit for bit in the tests), computed
         faster: texts are batched by length, so batches carry little padding, and tokenized
