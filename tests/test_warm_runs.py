@@ -1,12 +1,14 @@
-"""Runs start warm (tkg_assets/warm_runs.py): a real Dagster code server over tkg's definitions,
-as `dagster dev` starts it, starts a forkserver as it loads tkg's code and forks each run from
-it, with tkg's code, chonkie and the local embedding model already loaded, instead of starting a
-new interpreter that imports them again; and a tkg run started that way builds its partition
-as any other run does."""
+"""Runs start warm (tkg_assets/warm_runs.py): a real Dagster code server over tkg's definitions
+starts a forkserver as it loads tkg's code and forks each run from it, with tkg's code, chonkie
+and the local embedding model already loaded, instead of starting a new interpreter that imports
+them again; a tkg run started that way builds its partition as any other run does; and a run
+dies with its forkserver, after which the next run starts from a new one."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from tests.conftest import ROOT
 from tests.test_safety import sample_lines, write_source
 
 PROBE_JOB = "warm_probe"
+SLEEPER_JOB = "warm_sleeper"
 
 
 def _location(folder, source) -> str:
@@ -33,9 +36,16 @@ def _location(folder, source) -> str:
         "@dg.job\n"
         f"def {PROBE_JOB}():\n"
         "    report_process()\n"
+        "@dg.op\n"
+        "def report_and_sleep(context):\n"
+        "    report_process(context)\n"
+        "    __import__('time').sleep(300)\n"
+        "@dg.job\n"
+        f"def {SLEEPER_JOB}():\n"
+        "    report_and_sleep()\n"
         f"tkg = build_definitions(Settings.resolve(home={str(folder / 'home')!r}, source={str(source)!r}, backend='offline'),\n"
         "                        executor=dg.in_process_executor)\n"
-        f"defs = dg.Definitions.merge(tkg, dg.Definitions(jobs=[{PROBE_JOB}]))\n")
+        f"defs = dg.Definitions.merge(tkg, dg.Definitions(jobs=[{PROBE_JOB}, {SLEEPER_JOB}]))\n")
     return str(location)
 
 
@@ -63,10 +73,28 @@ def _finished(instance, run_id: str, timeout_s: float = 240.0):
     raise AssertionError(f"run {run_id} did not finish in {timeout_s} s")
 
 
-def _reported_process(instance, run_id: str) -> dict:
-    lines = [entry.user_message for entry in instance.all_logs(run_id) if entry.user_message.startswith("PROCESS ")]
+def _reported_process(instance, run_id: str, timeout_s: float = 0.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = [entry.user_message for entry in instance.all_logs(run_id) if entry.user_message.startswith("PROCESS ")]
+        if lines or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
     assert len(lines) == 1, lines
     return json.loads(lines[0].removeprefix("PROCESS "))
+
+
+def _gone(pid: int, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":  # exited, not yet reaped
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def _forkservers_of(pid: int) -> list[int]:
@@ -83,14 +111,13 @@ def _forkservers_of(pid: int) -> list[int]:
     return found
 
 
-def test_a_code_server_forks_runs_from_a_process_that_has_loaded_tkg(tmp_path, monkeypatch):
+def test_a_code_server_forks_runs_from_a_process_that_has_loaded_tkg(tmp_path):
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import GrpcServerTarget
     from dagster._grpc.server import GrpcServerProcess
 
     source = write_source(tmp_path / "calls.jsonl", sample_lines("QNTX")[:1])
-    monkeypatch.setenv("DAGSTER_IS_DEV_CLI", "1")  # as `dagster dev` (tkg dev) starts its code server
     launcher = {"module": "dagster", "class": "DefaultRunLauncher"}  # through the code server, as tkg dev does
     coordinator = {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}
     (tmp_path / "instance").mkdir()
@@ -127,3 +154,13 @@ def test_a_code_server_forks_runs_from_a_process_that_has_loaded_tkg(tmp_path, m
                 event = instance.get_latest_materialization_event(dg.AssetKey("triplets"))
                 assert event is not None and event.dagster_event.partition == key
                 assert event.asset_materialization.metadata["dagster/row_count"].value > 0
+
+                # a run dies with its forkserver; the next run starts from a new one
+                sleeper = _launch(context, SLEEPER_JOB)
+                working = _reported_process(instance, sleeper, timeout_s=120)
+                assert working["parent"] == forkservers[0]
+                os.kill(forkservers[0], signal.SIGKILL)
+                assert _gone(working["pid"]), "the run outlived its forkserver"
+                after = _launch(context, PROBE_JOB)
+                assert _finished(instance, after).status == dg.DagsterRunStatus.SUCCESS
+                assert _reported_process(instance, after)["parent"] not in (forkservers[0], server_pid)

@@ -111,5 +111,5 @@ def build_definitions(settings: Settings, executor: dg.ExecutorDefinition | None
 # `tkg build` runs its jobs in its own process (build_definitions without an executor); the
 # daemon, the UI and the workers of a distributed deploy load this, with TKG_EXECUTOR's executor.
 defs = build_definitions(Settings.resolve(), executor=executor_from_env())
-# In tkg dev's code server, the process runs are forked from starts loading now (tkg_assets/warm_runs.py).
+# In a code server, the process runs are forked from starts loading now (tkg_assets/warm_runs.py).
 start_forkserver_now()

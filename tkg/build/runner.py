@@ -245,7 +245,7 @@ def _refuse_held(runtime: Runtime, loaded, task: PartitionTask) -> None:
                                   + "; ".join(map(str, held)) + "); fix the row to rebuild it")
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """Make this process die when `parent` does, even if the parent is killed with -9."""
     if sys.platform.startswith("linux"):
         try:
@@ -266,7 +266,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _worker_init(parent: int, log_level: str, notices: Any) -> None:
-    _die_with_parent(parent)
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C stops
     logging.getLogger("tkg").setLevel(log_level)
     _send_notices(notices)  # for the worker's whole life
