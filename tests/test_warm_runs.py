@@ -29,16 +29,18 @@ def _location(folder, source) -> str:
         "import dagster as dg\n"
         "from tkg.settings import Settings\n"
         "from tkg_assets.definitions import build_definitions\n"
-        "@dg.op\n"
-        "def report_process(context):\n"
+        "def report(context):\n"
         "    context.log.info('PROCESS ' + __import__('json').dumps({'pid': os.getpid(), 'parent': os.getppid(),\n"
         "        'chonkie': 'chonkie' in sys.modules, 'model': 'wordllama' in sys.modules}))\n"
+        "@dg.op\n"
+        "def report_process(context):\n"
+        "    report(context)\n"
         "@dg.job\n"
         f"def {PROBE_JOB}():\n"
         "    report_process()\n"
         "@dg.op\n"
         "def report_and_sleep(context):\n"
-        "    report_process(context)\n"
+        "    report(context)\n"
         "    __import__('time').sleep(300)\n"
         "@dg.job\n"
         f"def {SLEEPER_JOB}():\n"
@@ -160,7 +162,9 @@ def test_a_code_server_forks_runs_from_a_process_that_has_loaded_tkg(tmp_path):
                 working = _reported_process(instance, sleeper, timeout_s=120)
                 assert working["parent"] == forkservers[0]
                 os.kill(forkservers[0], signal.SIGKILL)
-                assert _gone(working["pid"]), "the run outlived its forkserver"
+                if not _gone(working["pid"]):
+                    os.kill(working["pid"], signal.SIGKILL)
+                    raise AssertionError("the run outlived its forkserver")
                 after = _launch(context, PROBE_JOB)
                 assert _finished(instance, after).status == dg.DagsterRunStatus.SUCCESS
                 assert _reported_process(instance, after)["parent"] not in (forkservers[0], server_pid)
