@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from resources.tkg import ExtractionBackend, TkgStorage, TranscriptSource
 from tkg.build.catalog import PARTITIONED_NAMES
+from tkg.core.paths import SAMPLE_DIR
 from tkg.settings import Settings
 from tkg.store.checks import CHECKS
 from tkg_assets.definitions import pipeline_assets
@@ -103,8 +105,34 @@ def test_missing_upstream_partition_is_a_clear_error(resources, instance):
                        resources=resources, instance=instance)
 
 
-def test_partition_without_a_call_gives_an_empty_table(resources, instance):
-    result = dg.materialize(PARTITIONED_ASSETS, selection=["transcripts"], partition_key=partition_key("HLIO", date(2025, 1, 1)),
-                            resources=resources, instance=instance)
-    assert result.success
-    assert result.asset_materializations_for_node("partition_stages")[0].metadata["dagster/row_count"].value == 0
+def test_a_partition_without_a_call_is_materialised_with_no_rows_and_stores_nothing(resources, instance, tmp_path):
+    """A quarter without a call is settled: each stage asked for is materialised with no rows,
+    and no file is stored for it, so the global half reads only the calls (as after tkg build).
+    A later stage alone works too (nothing is read from the store), and a call taken out of the
+    source takes its partition's files with it."""
+    store = Settings.resolve(home=tmp_path / "home").store()
+
+    def files(key) -> list:
+        return [path for stage in PARTITIONED_NAMES for path in store.files(f"{stage}/**/*.parquet")
+                if f"company={key.keys_by_dimension['company']}/quarter={key.keys_by_dimension['quarter']}/" in str(path)]
+
+    future = partition_key("HLIO", date(2025, 1, 1))
+    for selection in (["transcripts"], ["triplets"], list(PARTITIONED_NAMES)):
+        result = dg.materialize(PARTITIONED_ASSETS, selection=selection, partition_key=future, resources=resources,
+                                instance=instance)
+        materialisations = result.asset_materializations_for_node("partition_stages")
+        assert sorted(m.asset_key.to_user_string() for m in materialisations) == sorted(selection)
+        assert all(m.metadata["dagster/row_count"].value == 0 and m.tags["dagster/data_version"] and "path" not in m.metadata
+                   for m in materialisations)
+        assert files(future) == []
+
+    built = partition_key("HLIO", date(2024, 7, 1))
+    assert dg.materialize(PARTITIONED_ASSETS, partition_key=built, resources=resources, instance=instance).success
+    assert len(files(built)) == len(PARTITIONED_NAMES)
+    rows = [row for row in map(json.loads, (SAMPLE_DIR / "transcripts.jsonl").read_text().splitlines())
+            if not (row["company"] == "HLIO" and str(row["date"]).startswith("2024-08"))]
+    (tmp_path / "source.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = dg.materialize(PARTITIONED_ASSETS, partition_key=built, instance=instance,
+                            resources={**resources, "source": TranscriptSource(source=str(tmp_path / "source.jsonl"))})
+    assert {m.metadata["dagster/row_count"].value for m in result.asset_materializations_for_node("partition_stages")} == {0}
+    assert files(built) == []

@@ -149,7 +149,7 @@ class StageReport:
     stage: str
     rows: int
     columns: list[tuple[str, str]]
-    path: str
+    path: str  # where the table was written; "" when nothing was (a partition without a call)
     stamp: str  # Stamp.to_json()
     counts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -180,7 +180,8 @@ class PartitionOutcome:
 def report_of(stage: str, result) -> StageReport:
     table = result.table
     return StageReport(stage=stage, rows=table.num_rows if result.rows is None else result.rows,
-                       columns=[(f.name, str(f.type)) for f in table.schema], path=str(result.path),
+                       columns=[(f.name, str(f.type)) for f in table.schema],
+                       path=str(result.path) if result.path is not None else "",
                        stamp=result.stamp.to_json(), counts={key: int(value) for key, value in result.counts.items()},
                        notes=list(result.notes), metadata=dict(result.metadata),
                        missing={key: int(value) for key, value in result.missing.items()},
@@ -216,10 +217,12 @@ def build_one(settings: Settings, task: PartitionTask | ShardTask | GlobalTask) 
         else:
             runtime, loaded = _runtime(settings), load_source(settings.source)
             _refuse_held(runtime, loaded, task)
+            partition = (task.company, task.quarter)
+            rows = loaded.rows_for(*partition)
             # The task names every stage to rebuild: a plan closes them downstream itself, and a
             # Dagster run builds exactly the assets it was asked for.
-            results = build_partition(runtime, (task.company, task.quarter), set(task.stages),
-                                      loaded.rows_for(task.company, task.quarter), downstream=False)
+            results = build_partition(runtime, partition, set(task.stages), rows, downstream=False,
+                                      without_call=not rows and partition not in loaded.problem_partitions())
             outcome.reports = [report_of(stage, result) for stage, result in results.items()]
     except StageIncomplete as error:
         outcome.error = str(error)

@@ -140,14 +140,24 @@ def _waves(names: set[str]) -> list[list[Stage]]:
 
 
 def build_partition(runtime: Runtime, partition: Partition, names: set[str], rows: list[SourceRow] | None = None,
-                    downstream: bool = True) -> dict[str, StageResult]:
+                    downstream: bool = True, without_call: bool = False) -> dict[str, StageResult]:
     """Rebuild the stages `names` of one partition (with everything downstream of them unless
     `downstream` is False): compute them all in memory, reading the others from the store, and
     write them only when all succeeded. Stages of one wave (validity ranges, triplets and
     figures all need only the statements) run side by side, so the LLM path keeps all their
-    requests in flight."""
+    requests in flight.
+
+    A partition `without_call` (the source holds no row for it, readable or not: a quarter
+    still to come, a call taken out of the source) stores nothing: every stage is computed in memory from no rows (no
+    provider request), whatever `names` asks for, and the partition's files, if an earlier
+    call left any, are removed. Its results (no rows, with their stamps) are what a Dagster run
+    records for it; the global half reads only the partitions that hold a call, as after `tkg
+    build`, which never builds such a partition."""
     store, company = runtime.store, partition[0]
     names = catalog.downstream_of(names) if downstream else set(names)
+    wanted = names
+    if without_call:
+        names = set(catalog.PARTITIONED_NAMES)  # none is read from the store
     results: dict[str, StageResult] = {}
     inputs: dict[str, pa.Table] = {}
     stamps: dict[str, Stamp | None] = {}
@@ -187,10 +197,12 @@ def build_partition(runtime: Runtime, partition: Partition, names: set[str], row
     finally:  # what was asked of the provider is accounted even when the partition fails
         record_usage(store, usage, *partition)
     for stage in catalog.PARTITIONED:
-        if stage.name in results:
+        if without_call:
+            store.delete(stage_path(store, stage, partition))
+        elif stage.name in results:
             result = results[stage.name]
             result.path = store.write(stage_path(store, stage, partition), stamped(result.table, result.stamp))
-    return results
+    return {name: result for name, result in results.items() if name in wanted}
 
 
 def run_global(runtime: Runtime, stage: Stage, shard: str | None = None) -> StageResult:

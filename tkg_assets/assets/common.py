@@ -51,7 +51,9 @@ def definition_metadata(stage: Stage) -> dict[str, object]:
 
 def stage_metadata(report: StageReport) -> dict[str, object]:
     """The metadata of one stage's materialisation (of one partition, or of a global stage)."""
-    metadata: dict[str, object] = {"dagster/row_count": report.rows, "path": dg.MetadataValue.path(report.path)}
+    metadata: dict[str, object] = {"dagster/row_count": report.rows}
+    if report.path:  # a partition without a call stores nothing
+        metadata["path"] = dg.MetadataValue.path(report.path)
     for key, value in sorted(report.counts.items()):
         metadata[key] = int(value)
     for key, value in sorted(report.metadata.items()):

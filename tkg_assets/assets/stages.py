@@ -41,8 +41,9 @@ def _partition_stages(partitions_def: dg.PartitionsDefinition, code_versions: di
     fail its stage's step and with it every later stage of the whole range; here each
     partition's stages are recorded as it lands, and only the partitions that failed are
     marked failed, each with its error, so a retry of the failed partitions rebuilds only
-    those. A quarter without a call is settled in the run that holds it: empty tables, no
-    provider request, materialised with no rows."""
+    those. A quarter without a call is settled in the run that holds it: materialised with no
+    rows, no provider request, and no file stored (tkg.build.stages.build_partition), so the
+    global half and the publish read only the partitions that hold a call."""
     specs = [dg.AssetSpec(stage.name, deps=list(stage.inputs), group_name=stage.group, kinds={"python", "parquet"},
                           owners=OWNERS, code_version=code_versions[stage.name], description=stage.description + PARTITION_NOTE,
                           metadata=definition_metadata(stage), freshness_policy=PARTITION_FRESHNESS,
@@ -63,7 +64,7 @@ def _partition_stages(partitions_def: dg.PartitionsDefinition, code_versions: di
         workers = min(run_workers, max(1, len(partitions) - len(without_call)))
         context.log.info(
             f"this run holds {len(partitions)} partition(s): {_span(partitions)}; {len(partitions) - len(without_call)} "
-            f"with a call, {len(without_call)} without (settled with empty tables); stages {', '.join(stages)}; "
+            f"with a call, {len(without_call)} without (settled with no rows, nothing stored); stages {', '.join(stages)}; "
             f"{workers} worker(s); {settings.describe()}")
         tasks = [PartitionTask(company, quarter, stages, "asked for by this run") for company, quarter in partitions]
         yield from record_partitions(context.log, settings, tasks, workers)
