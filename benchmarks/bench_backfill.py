@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -58,13 +59,16 @@ def clean_environment(home: Path, code: Path) -> dict[str, str]:
     return env
 
 
-def tkg_build(source: str, home: Path) -> float:
+def tkg_build(source: str, home: Path) -> tuple[float, float]:
+    """Wall and CPU seconds (with its worker processes) of `tkg build` of `source`."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     completed = subprocess.run([sys.executable, "-m", "tkg.cli", "build", "--source", source], cwd=ROOT,
                                env=clean_environment(home, ROOT), capture_output=True, text=True)
     if completed.returncode != 0:
         raise SystemExit(f"tkg build failed:\n{completed.stderr[-3000:]}")
-    return time.perf_counter() - started
+    wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def published(home: Path) -> dict[str, list]:
@@ -122,6 +126,32 @@ class Dagster:
             raise RuntimeError(answer["errors"])
         return answer["data"]
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds so far of the processes `dagster dev` started, by role: the daemon, the
+        webserver, the code servers, and the runs (the processes runs were started from, with
+        their finished children: Dagster's spawned runs, or tkg's forkserver and its runs)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        roles: dict[str, float] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text().rpartition(")")[2].split()
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if int(stat[3]) != self.process.pid:  # not in dagster dev's session
+                continue
+            own, children = (int(stat[11]) + int(stat[12])) / tick, (int(stat[13]) + int(stat[14])) / tick
+            role = ("daemon" if "dagster._daemon" in command else "webserver" if "dagster_webserver" in command
+                    else "runs" if "forkserver" in command else "code_server" if "grpc" in command or "code-server" in command
+                    else "dagster_dev" if " dev " in command else "other")
+            roles[role] = roles.get(role, 0.0) + own
+            # a code server's finished children are runs it spawned; the forkserver's are its runs
+            child_role = "runs" if role in ("code_server", "runs") else role
+            roles[child_role] = roles.get(child_role, 0.0) + children
+        return {role: round(seconds, 1) for role, seconds in sorted(roles.items())}
+
     def stop(self) -> None:
         os.killpg(self.process.pid, 15)
         try:
@@ -146,12 +176,17 @@ BACKFILL = """query($id: String!) { partitionBackfillOrError(backfillId: $id) { 
   assetKey { path } numPartitionsTargeted numPartitionsInProgress numPartitionsMaterialized numPartitionsFailed } } } } } }"""
 RUNS = """{ runsOrError { ... on Runs { results { runId status jobName creationTime startTime endTime
   tags { key value } assetSelection { path } stepStats { stepKey startTime endTime } } } } }"""
+# What the wait polls every 2 s: the runs' states only. Step stats make the webserver read every
+# event of every run (thousands of materialisations per batched run), CPU the backfill's runs
+# would otherwise have; they are read once, at the end.
+RUN_STATES = """{ runsOrError { ... on Runs { results { runId status endTime } } } }"""
 
 
 def backfill(dagster: Dagster, params: dict, quiet: float, mutation: str = LAUNCH) -> dict:
     """Launch a backfill, follow it to the end and until the graph is published and no run has
     been in progress for `quiet` seconds; what happened."""
     before = {run["runId"] for run in runs(dagster)}
+    cpu_before = dagster.cpu_seconds()
     launched = time.time()
     answer = next(iter(dagster.query(mutation, {"params": params}).values()))
     if "backfillId" not in answer:
@@ -168,7 +203,7 @@ def backfill(dagster: Dagster, params: dict, quiet: float, mutation: str = LAUNC
             progress.append(point)
         if state["status"] != "REQUESTED" and finished is None:
             finished = time.time()
-        current = [run for run in runs(dagster) if run["runId"] not in before]
+        current = [run for run in runs(dagster, RUN_STATES) if run["runId"] not in before]
         busy = any(run["status"] in IN_PROGRESS for run in current)
         if finished is None or busy:
             idle_since = None
@@ -176,6 +211,8 @@ def backfill(dagster: Dagster, params: dict, quiet: float, mutation: str = LAUNC
             idle_since = time.time()
         elif time.time() - idle_since >= quiet:
             break
+    cpu_after = dagster.cpu_seconds()
+    current = [run for run in runs(dagster) if run["runId"] not in before]
     last_end = max((run["endTime"] or launched) for run in current)
     of_backfill = [run for run in current if {"key": "dagster/backfill", "value": backfill_id} in run["tags"]]
     others = [run for run in current if run not in of_backfill]
@@ -199,6 +236,8 @@ def backfill(dagster: Dagster, params: dict, quiet: float, mutation: str = LAUNC
                               if run["startTime"] and run["endTime"]),
         "partitions": {key: {k: v for k, v in status.items() if k.startswith("num")} for key, status in counts.items()},
         "timeline": timeline(current, launched, of_backfill),
+        # from the launch to the end of the quiet wait, by process role
+        "cpu_s": {role: round(seconds - cpu_before.get(role, 0.0), 1) for role, seconds in cpu_after.items()},
         "progress": progress,
     }
 
@@ -222,8 +261,8 @@ def timeline(current: list[dict], launched: float, of_backfill: list[dict]) -> l
     return rows
 
 
-def runs(dagster: Dagster) -> list[dict]:
-    return dagster.query(RUNS)["runsOrError"]["results"]
+def runs(dagster: Dagster, query: str = RUNS) -> list[dict]:
+    return dagster.query(query)["runsOrError"]["results"]
 
 
 def failed_partitions(home: Path, stage: str = "transcripts") -> list[str]:
@@ -342,8 +381,9 @@ def main() -> None:
                      "variants": {}}
     try:
         build_home = scratch / "build"
-        results["tkg_build_s"] = round(tkg_build(source, build_home), 1)
-        print(f"tkg build: {results['tkg_build_s']} s", flush=True)
+        wall, cpu = tkg_build(source, build_home)
+        results["tkg_build_s"], results["tkg_build_cpu_s"] = round(wall, 1), round(cpu, 1)
+        print(f"tkg build: {results['tkg_build_s']} s, {results['tkg_build_cpu_s']} CPU-s", flush=True)
         reference = published(build_home)
         params = {"assetSelection": [{"path": [name]} for name in PARTITIONED], "allPartitions": True}
         variants: list[tuple[str, Path, dict]] = [
