@@ -29,6 +29,7 @@ a warning says so.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -40,19 +41,16 @@ PRELOAD = ["tkg_assets.warm"]
 # Set in a code server that has started its forkserver, and so in the forkserver and the runs
 # (they inherit it): none of them starts another.
 STARTED = "TKG_WARM_RUNS_STARTED"
-_context: multiprocessing.context.BaseContext | None = None
 log = logging.getLogger(__name__)
 
 
+@functools.cache
 def run_context() -> multiprocessing.context.BaseContext:
     """The multiprocessing context a code server starts runs with: a forkserver that has
     imported PRELOAD."""
-    global _context
-    if _context is None:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(PRELOAD)
-        _context = context
-    return _context
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
 
 
 class _RunContext:

@@ -218,11 +218,10 @@ def build_one(settings: Settings, task: PartitionTask | ShardTask | GlobalTask) 
             runtime, loaded = _runtime(settings), load_source(settings.source)
             _refuse_held(runtime, loaded, task)
             partition = (task.company, task.quarter)
-            rows = loaded.rows_for(*partition)
             # The task names every stage to rebuild: a plan closes them downstream itself, and a
             # Dagster run builds exactly the assets it was asked for.
-            results = build_partition(runtime, partition, set(task.stages), rows, downstream=False,
-                                      without_call=not rows and partition not in loaded.problem_partitions())
+            results = build_partition(runtime, partition, set(task.stages), loaded.rows_for(*partition),
+                                      downstream=False, without_call=loaded.without_call(*partition))
             outcome.reports = [report_of(stage, result) for stage, result in results.items()]
     except StageIncomplete as error:
         outcome.error = str(error)

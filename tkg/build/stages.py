@@ -147,12 +147,11 @@ def build_partition(runtime: Runtime, partition: Partition, names: set[str], row
     figures all need only the statements) run side by side, so the LLM path keeps all their
     requests in flight.
 
-    A partition `without_call` (the source holds no row for it, readable or not: a quarter
-    still to come, a call taken out of the source) stores nothing: every stage is computed in memory from no rows (no
-    provider request), whatever `names` asks for, and the partition's files, if an earlier
-    call left any, are removed. Its results (no rows, with their stamps) are what a Dagster run
-    records for it; the global half reads only the partitions that hold a call, as after `tkg
-    build`, which never builds such a partition."""
+    A partition `without_call` (LoadedSource.without_call) stores nothing: every stage is
+    computed in memory from no rows (no provider request), whatever `names` asks for, and the
+    partition's files, if an earlier call left any, are removed. Its results (no rows, with
+    their stamps) are what a Dagster run records for it; the global half reads only the
+    partitions that hold a call, as after `tkg build`, which never builds such a partition."""
     store, company = runtime.store, partition[0]
     names = catalog.downstream_of(names) if downstream else set(names)
     wanted = names

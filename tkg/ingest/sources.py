@@ -89,6 +89,11 @@ class LoadedSource:
                 found[problem.partition].append(problem)
         return dict(found)
 
+    def without_call(self, company: str, quarter: date) -> bool:
+        """Whether the source holds no row for the partition, readable or not: a quarter still
+        to come, or a call taken out of the source (tkg.build.stages.build_partition)."""
+        return not self.rows_for(company, quarter) and (company, quarter) not in self.problem_partitions()
+
 
 def rows_fingerprint(rows: list[SourceRow]) -> str:
     """A hash of a partition's source rows (company, date, text), independent of their order."""

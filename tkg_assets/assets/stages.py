@@ -60,7 +60,7 @@ def _partition_stages(partitions_def: dg.PartitionsDefinition, code_versions: di
         stages = tuple(name for name in catalog.PARTITIONED_NAMES if dg.AssetKey(name) in context.selected_asset_keys)
         partitions = sorted((parse_key(str(key)) for key in context.partition_keys), key=sort_key)
         loaded = load_source(settings.source)
-        without_call = [p for p in partitions if not loaded.rows_for(*p) and p not in loaded.problem_partitions()]
+        without_call = [p for p in partitions if loaded.without_call(*p)]
         workers = min(run_workers, max(1, len(partitions) - len(without_call)))
         context.log.info(
             f"this run holds {len(partitions)} partition(s): {_span(partitions)}; {len(partitions) - len(without_call)} "
