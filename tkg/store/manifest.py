@@ -40,6 +40,17 @@ class Listed:
     stamp: Stamp | None
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """What the manifest knows of a file: its size and time, its stamp, and the stamp's text as
+    the manifest holds it (kept, so that rewriting the manifest serialises only new stamps)."""
+
+    size: int
+    mtime_ns: int
+    stamp: Stamp | None
+    text: str | None
+
+
 def stamped_files(store: ParquetStore, folders: list[str], wanted: Callable[[str], bool] = lambda path: True) -> list[Listed]:
     """Every Parquet file under `folders` (relative to the store's root) whose path is `wanted`,
     with its stamp, sorted by path. Footers are read only for files the manifest does not know
@@ -57,11 +68,11 @@ def stamped_files(store: ParquetStore, folders: list[str], wanted: Callable[[str
     learned = False
     for path, (size, mtime) in found.items():
         entry = known.get(path)
-        if entry is not None and entry[0] == size and entry[1] == mtime:
-            stamps[path] = entry[2]
+        if entry is not None and entry.size == size and entry.mtime_ns == mtime:
+            stamps[path] = entry.stamp
         else:
             stamps[path] = store.stamp(store.absolute(path))
-            known[path] = (size, mtime, stamps[path])
+            known[path] = _Entry(size, mtime, stamps[path], None)
             learned = True
     listed_folders = tuple(folder.rstrip("/") + "/" for folder in folders)
     gone = [path for path in known if path.startswith(listed_folders) and path not in found]
@@ -80,16 +91,17 @@ def scan(store: ParquetStore, connection: Any, files: list[PurePath]) -> Any:
     schemas = set()
     for path in files:
         entry = known.get(store.relative(path))
-        schemas.add(entry[2].schema if entry is not None and entry[2] is not None else "")
+        schemas.add(entry.stamp.schema if entry is not None and entry.stamp is not None else "")
     return store.relation(connection, files, uniform=len(schemas) == 1 and "" not in schemas)
 
 
 # The last manifest this process read, by its file's path, size and time: 100,000 stamps are
-# parsed once, not at every scan.
-_LAST_READ: dict[str, tuple[tuple[int, int], dict[str, tuple[int, int, Stamp | None]]]] = {}
+# parsed once, not at every scan. When the manifest changed (a step wrote files, a reader
+# learned them), only the stamps whose text changed are parsed again.
+_LAST_READ: dict[str, tuple[tuple[int, int], dict[str, _Entry]]] = {}
 
 
-def _read_manifest(store: ParquetStore) -> dict[str, tuple[int, int, Stamp | None]]:
+def _read_manifest(store: ParquetStore) -> dict[str, _Entry]:
     path = store.absolute(MANIFEST)
     info = store.filesystem.get_file_info(str(path))
     if info.type != pafs.FileType.File:
@@ -104,18 +116,27 @@ def _read_manifest(store: ParquetStore) -> dict[str, tuple[int, int, Stamp | Non
         return {}
     if table.schema.names != _SCHEMA.names:
         return {}
-    known = {row["path"]: (row["size"], row["mtime_ns"], Stamp.from_json(row["stamp"]) if row["stamp"] else None)
-             for row in table.to_pylist()}
+    before = cached[1] if cached is not None else {}
+    columns = table.to_pydict()
+    known = {}
+    for name, size, mtime, text in zip(columns["path"], columns["size"], columns["mtime_ns"], columns["stamp"]):
+        previous = before.get(name)
+        stamp = previous.stamp if previous is not None and previous.text == text else (Stamp.from_json(text) if text else None)
+        known[name] = _Entry(size, mtime, stamp, text)
     _LAST_READ.clear()
     _LAST_READ[str(path)] = (identity, known)
     return dict(known)
 
 
-def _write_manifest(store: ParquetStore, known: dict[str, tuple[int, int, Stamp | None]]) -> None:
-    rows = sorted(known.items())
+def _write_manifest(store: ParquetStore, known: dict[str, _Entry]) -> None:
+    """Write `known` as the manifest, and remember it as this process's last read."""
+    entries = {path: entry if entry.text is not None or entry.stamp is None
+               else _Entry(entry.size, entry.mtime_ns, entry.stamp, entry.stamp.to_json()) for path, entry in sorted(known.items())}
     table = pa.table({
-        "path": [path for path, _ in rows], "size": [entry[0] for _, entry in rows],
-        "mtime_ns": [entry[1] for _, entry in rows],
-        "stamp": [entry[2].to_json() if entry[2] is not None else None for _, entry in rows],
+        "path": list(entries), "size": [entry.size for entry in entries.values()],
+        "mtime_ns": [entry.mtime_ns for entry in entries.values()], "stamp": [entry.text for entry in entries.values()],
     }, schema=_SCHEMA)
-    store.write(store.absolute(MANIFEST), table)
+    path = store.write(store.absolute(MANIFEST), table)
+    info = store.filesystem.get_file_info(str(path))
+    _LAST_READ.clear()
+    _LAST_READ[str(path)] = ((int(info.size or 0), mtime_ns(info)), entries)

@@ -1,0 +1,66 @@
+"""The store's manifest of stamps (tkg.store.manifest): what it answers after files change."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from tkg.core.versions import Stamp, stamped
+from tkg.store import manifest
+from tkg.store.parquet import ParquetStore
+
+
+def _write(store: ParquetStore, relative: str, stamp: Stamp) -> None:
+    store.write(store.absolute(relative), stamped(pa.table({"x": [1, 2]}), stamp))
+
+
+def _stamps(store: ParquetStore, folders: list[str]) -> dict[str, Stamp | None]:
+    return {listed.path: listed.stamp for listed in manifest.stamped_files(store, folders)}
+
+
+def test_stamps_follow_the_files_through_rewrites_additions_and_removals(tmp_path):
+    store = ParquetStore(tmp_path)
+    first = {f"stage/shard={n:02d}/stage.parquet": Stamp("stage", "code-1", {"up": f"v{n}"}) for n in range(3)}
+    for path, stamp in first.items():
+        _write(store, path, stamp)
+    assert {path: stamp.version for path, stamp in _stamps(store, ["stage"]).items()} == \
+        {path: stamp.version for path, stamp in first.items()}
+    assert store.is_file(store.absolute(manifest.MANIFEST))
+
+    # one file rewritten, one added, one removed: only those change, the others come from the manifest
+    rewritten = Stamp("stage", "code-2", {"up": "v1-new"}, parts={"01": "abc"})
+    _write(store, "stage/shard=01/stage.parquet", rewritten)
+    added = Stamp("stage", "code-1", {"up": "v3"})
+    _write(store, "stage/shard=03/stage.parquet", added)
+    store.delete(store.absolute("stage/shard=02/stage.parquet"))
+    now = _stamps(store, ["stage"])
+    assert sorted(now) == ["stage/shard=00/stage.parquet", "stage/shard=01/stage.parquet", "stage/shard=03/stage.parquet"]
+    assert now["stage/shard=00/stage.parquet"].version == first["stage/shard=00/stage.parquet"].version
+    assert (now["stage/shard=01/stage.parquet"].version, now["stage/shard=01/stage.parquet"].parts) == \
+        (rewritten.version, {"01": "abc"})
+    assert now["stage/shard=03/stage.parquet"].version == added.version
+
+    # what the manifest file holds is each file's stamp, read back by a process that never saw it
+    manifest._LAST_READ.clear()
+    on_disk = store.read(store.absolute(manifest.MANIFEST)).to_pydict()
+    held = {path: Stamp.from_json(text).version for path, text in zip(on_disk["path"], on_disk["stamp"])}
+    assert held == {path: stamp.version for path, stamp in now.items()}
+    assert _stamps(store, ["stage"]) == now
+
+
+def test_a_process_holding_an_older_manifest_reads_the_new_one(tmp_path):
+    """A process that read the manifest before another rewrote it sees the new stamps, not its
+    own parsed copy of the old ones (only unchanged stamp texts are reused)."""
+    store = ParquetStore(tmp_path)
+    _write(store, "a/a.parquet", Stamp("a", "code", {}))
+    _write(store, "b/b.parquet", Stamp("b", "code", {"a": "1"}))
+    manifest.stamped_files(store, ["a", "b"])
+    older = dict(manifest._LAST_READ)
+    _write(store, "b/b.parquet", Stamp("b", "code", {"a": "2"}))
+    manifest.stamped_files(store, ["b"])  # the other process learns the new file and rewrites the manifest
+    manifest._LAST_READ.clear()
+    manifest._LAST_READ.update(older)  # this process still holds its older read
+    known = manifest._read_manifest(store)
+    assert known["b/b.parquet"].stamp.inputs == {"a": "2"}
+    (_, before), = older.values()
+    assert known["a/a.parquet"].stamp is before["a/a.parquet"].stamp  # an unchanged stamp is not parsed again
+
