@@ -6,12 +6,15 @@ one new quarter, and what 5,000 companies x 40 quarters would cost.
 
 For every size a store is generated (benchmarks/synthetic.py, `write_scaled_store`). Its
 newest quarter is held back; the cold pass runs every global step and every shard of the shard
-steps (TKG_SHARDS, `--shards`) as `tkg build` would, one process each, one after another: each
-run's wall time and peak resident memory (its ru_maxrss, and sampled every 0.25 s). At the
-sizes of `--increment-at` the held-back quarter is then added and the increment pass runs only
-what `tkg build` finds stale (tkg.build.stages.stale_work): which shards it touched, and its
-time against the cold pass. A run that passes the memory guard or the timeout is stopped, and
-that is the result. `--llm-home` names a data folder built with tkg's LLM path (its `llm_calls`
+steps (TKG_SHARDS, `--shards`), then the publish. With `--runner refresh` (the default) a pass
+is what one `refresh_and_publish` run does (tkg_assets.batch.refresh_global, in one child: the
+global steps in it, a shard step's shards in one worker process per core); with `--runner
+steps`, every global step and every shard runs in a process of its own, one after another, which
+shows each shard's own time and memory. Per step: wall time, CPU and peak resident memory
+(ru_maxrss, and sampled every 0.25 s). At the sizes of `--increment-at` the held-back quarter is
+then added and the increment pass runs only what is stale (tkg.build.stages.stale_work): which
+shards it touched, and its time against the cold pass. A run that passes the memory guard or the
+timeout (`--step-timeout`, for each step) is stopped, and that is the result. `--llm-home` names a data folder built with tkg's LLM path (its `llm_calls`
 accounting gives the per-call requests and tokens of the cost estimate); without it the
 estimate uses benchmarks/results/llm.json. Results: benchmarks/results/scale.json and a report
 on stdout.
@@ -25,6 +28,7 @@ import os
 import resource
 import shutil
 import sys
+import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -36,6 +40,7 @@ sys.path.insert(0, str(HERE))
 import synthetic
 from bench_resolution_invalidation import (
     _meminfo_gb,
+    _rss_kb,
     fit_power_law,
     machine,
     project,
@@ -81,6 +86,96 @@ def _worker_step(step: str, shard: str | None, root: Path, shards: int) -> int:
                       "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2),
                       "counts": counts}, default=str))
     return 0
+
+
+class _StepClock:
+    """The steps of a `refresh_global` pass, told apart by its log lines (each stage's first line
+    starts with its name): per step its seconds, the CPU of this process and of the worker
+    processes that ended in it, and each process's peak resident memory, sampled."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, dict] = {}
+        self.current: str | None = None
+        self.peaks: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    @staticmethod
+    def _cpu() -> float:
+        own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
+
+    def _sample(self) -> None:
+        me = os.getpid()
+        while not self.done.wait(0.25):
+            pids = [me]
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                try:
+                    if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
+                        pids.append(int(stat.parent.name))
+                except (OSError, ValueError, IndexError):
+                    continue
+            with self.lock:
+                for pid in pids:
+                    self.peaks[pid] = max(self.peaks.get(pid, 0), _rss_kb(pid))
+
+    def start(self, name: str) -> None:
+        self.stop()
+        with self.lock:
+            self.peaks = {}
+        self.current = name
+        self.steps[name] = {"started": time.perf_counter(), "cpu_started": self._cpu(), "lines": []}
+
+    def stop(self) -> None:
+        if self.current is None:
+            return
+        step = self.steps[self.current]
+        with self.lock:
+            peaks = dict(self.peaks)
+        step.update({"seconds": round(time.perf_counter() - step.pop("started"), 2),
+                     "cpu_s": round(self._cpu() - step.pop("cpu_started"), 1),
+                     "processes": len(peaks), "peak_rss_gb": round(max(peaks.values(), default=0) / 2**20, 2)})
+        self.current = None
+
+    def info(self, message: str) -> None:
+        name = message.split(":", 1)[0]
+        if name != self.current and name in {stage.name for stage in _global_stages()}:
+            self.start(name)
+        if self.current:
+            self.steps[self.current]["lines"].append(message)
+
+    warning = error = debug = info
+
+
+def _worker_pass(root: Path, shards: int) -> int:
+    """The global half as the `refresh_and_publish` job runs it (tkg_assets.batch.refresh_global:
+    global steps in this process, a shard step's stale shards in one worker process per core,
+    each worker taking shard after shard), then the publish; one JSON line with every step."""
+    from tkg.build.graph import run_warehouse
+    from tkg_assets.batch import RefreshAndPublish, refresh_global
+
+    settings = _settings(root, shards)
+    clock = _StepClock()
+    start = time.time()
+    materialised: Counter = Counter()
+    failure = None
+    try:
+        for event in refresh_global(clock, settings, RefreshAndPublish(), None):
+            materialised[event.asset_key.to_user_string()] += 1
+        clock.start("warehouse")
+        published = run_warehouse(settings, root / "tkg.duckdb")
+        clock.steps["warehouse"]["counts"] = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2)}
+    except Exception as error:  # noqa: BLE001 - the failing step is the result, reported with the steps before it
+        failure = f"{clock.current}: {type(error).__name__}: {getattr(error, 'description', None) or error}"
+        if clock.current:
+            clock.steps[clock.current]["error"] = failure
+    clock.stop()
+    clock.done.set()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"seconds": round(time.time() - start, 2), "steps": clock.steps, "materialised": materialised,
+                      "failure": failure, "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2)}, default=str))
+    return 0 if failure is None else 1
 
 
 def write_truth_resolution(store) -> dict:
@@ -216,6 +311,36 @@ def _stale(root: Path, shards: int, stage_name: str) -> list[str]:
 
 
 def run_pass(root: Path, label: str, args, log) -> dict:
+    return (run_pass_refresh if args.runner == "refresh" else run_pass_steps)(root, label, args, log)
+
+
+def run_pass_refresh(root: Path, label: str, args, log) -> dict:
+    """The pass as one `refresh_and_publish` run does it, in one child (`_worker_pass`)."""
+    outcome = run_child(["--worker-pass", "--store", str(root), "--shards", str(args.shards)], args.workdir / f"{label}_refresh",
+                        args.step_timeout * (len(_global_stages()) + 1), args)
+    if outcome["status"] != "ok":  # a failed step: the child still reported the steps that ran, the failing one last
+        lines = (args.workdir / f"{label}_refresh" / "stdout").read_text().strip().splitlines()
+        try:
+            report = json.loads(lines[-1]) if lines else {}
+        except json.JSONDecodeError:  # stopped (memory guard, timeout) before it reported
+            report = {}
+        outcome = {**outcome, **report, "error": report.get("failure") or outcome.get("error")}
+    steps = {}
+    for name, step in (outcome.get("steps") or {}).items():
+        steps[name] = {"status": "ok" if "error" not in step else "failed", "runs": 1, "wall_s": step["seconds"], "cpu_s": step["cpu_s"],
+                       "processes": step["processes"], "peak_rss_gb": step["peak_rss_gb"], "lines": step["lines"],
+                       **({"counts": step["counts"]} if "counts" in step else {})}
+        log(f"  {label} {name}: {step['seconds']}s, {step['cpu_s']} CPU-s, {step['processes']} process(es), "
+            f"peak {step['peak_rss_gb']} GB; {' / '.join(step['lines'])[:160]}")
+    if outcome["status"] != "ok":
+        log(f"  {label}: {outcome['status']} {outcome.get('error', '')}")
+    return {"status": outcome["status"], "runner": "refresh", "wall_s": outcome.get("seconds", outcome["wall_s"]),
+            "process_s": outcome["wall_s"], "cpu_s": round(sum(step["cpu_s"] for step in steps.values()), 1),
+            "peak_rss_gb": max((step["peak_rss_gb"] for step in steps.values()), default=outcome["peak_rss_gb_sampled"]),
+            "steps": steps, **({"error": outcome["error"]} if "error" in outcome else {})}
+
+
+def run_pass_steps(root: Path, label: str, args, log) -> dict:
     """Every stale global step and shard, then the publish, each in a child; per step: runs, wall
     time (summed), the biggest process, counts (summed); the pass stops at the first failure."""
     from tkg.build import catalog
@@ -320,6 +445,7 @@ def measure_size(n: int, args, log) -> dict:
         bring_back(root)
         row["increment"] = run_pass(root, f"increment_{n}", args, log)
         row["increment"]["share_of_cold"] = round(row["increment"]["wall_s"] / row["cold"]["wall_s"], 3)
+        row["increment"]["cpu_share_of_cold"] = round(row["increment"]["cpu_s"] / row["cold"]["cpu_s"], 3)
     if row["cold"]["status"] == "ok":
         row["sharing"] = {"resolution": resolution_sharing(root), "invalidation": invalidation_sharing(root, None)}
     if not args.keep:
@@ -485,17 +611,18 @@ def cost_estimate(sizes: list[dict], measured_llm: dict, real_corpus: dict | Non
 def _pass_lines(label: str, passed: dict, cold: dict | None = None) -> list[str]:
     lines = []
     for name, step in passed["steps"].items():
-        runs = f"{step['runs']} of {step['of']}"
+        runs = f"{step['runs']} of {step['of']}" if "of" in step else f"{step['processes']} process(es)"
         versus = ""
         if cold is not None and name in cold["steps"] and cold["steps"][name]["wall_s"]:
             versus = f" ({step['wall_s'] / cold['steps'][name]['wall_s']:.0%} of cold)"
-        counts = step["counts"]
-        kept = (f"; blocks kept {counts['blocks_kept']:,}, ranked {counts['blocks_ranked']:,}"
-                if "blocks_kept" in counts else "")
-        notes = ("" if step["status"] == "ok" else step["status"]) + kept
+        counts = step.get("counts", {})
+        said = "; ".join(line.split(": ", 1)[-1] for line in step.get("lines", []))[:120]  # the refresh runner's log lines
+        ranked = f"blocks kept {counts['blocks_kept']:,}, ranked {counts['blocks_ranked']:,}" if "blocks_kept" in counts else ""
+        notes = "; ".join(part for part in ("" if step["status"] == "ok" else step["status"], said, ranked) if part)
         lines.append(f"| | {label} | {name} | {runs} | {step['wall_s']}{versus} | {step['cpu_s']} | {step['peak_rss_gb']} | {notes} |")
     versus = f" ({passed['share_of_cold']:.1%} of cold)" if "share_of_cold" in passed else ""
-    lines.append(f"| | {label} | **total** | | **{passed['wall_s']}**{versus} | **{passed['cpu_s']}** | "
+    cpu_versus = f" ({passed['cpu_share_of_cold']:.1%} of cold)" if "cpu_share_of_cold" in passed else ""
+    lines.append(f"| | {label} | **total** | | **{passed['wall_s']}**{versus} | **{passed['cpu_s']}**{cpu_versus} | "
                  f"**{passed['peak_rss_gb']}** | {passed['status']} |")
     return lines
 
@@ -563,13 +690,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the generated stores")
     parser.add_argument("--resume", action="store_true", help="keep the sizes --output already holds; measure the others")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--runner", choices=("refresh", "steps"), default="refresh",
+                        help="refresh: each pass as one refresh_and_publish run does it (global steps in one process, "
+                             "shards in one worker process per core); steps: every global step and every shard in a "
+                             "process of its own (each shard's own time and memory)")
     parser.add_argument("--worker-step", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-pass", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shard", help=argparse.SUPPRESS)
     parser.add_argument("--worker-generate", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--events", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.increment_at = {int(size) for size in args.increment_at.split(",") if size.strip()}
+    if args.worker_pass:
+        return _worker_pass(args.store, args.shards)
     if args.worker_step:
         return _worker_step(args.worker_step, args.shard, args.store, args.shards)
     if args.worker_generate:
