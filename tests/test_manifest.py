@@ -63,4 +63,3 @@ def test_a_process_holding_an_older_manifest_reads_the_new_one(tmp_path):
     assert known["b/b.parquet"].stamp.inputs == {"a": "2"}
     (_, before), = older.values()
     assert known["a/a.parquet"].stamp is before["a/a.parquet"].stamp  # an unchanged stamp is not parsed again
-

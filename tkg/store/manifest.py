@@ -43,7 +43,7 @@ class Listed:
 @dataclass(frozen=True)
 class _Entry:
     """What the manifest knows of a file: its size and time, its stamp, and the stamp's text as
-    the manifest holds it (kept, so that rewriting the manifest serialises only new stamps)."""
+    the manifest holds it (kept, so that rewriting the manifest serialises no stamp again)."""
 
     size: int
     mtime_ns: int
@@ -72,7 +72,7 @@ def stamped_files(store: ParquetStore, folders: list[str], wanted: Callable[[str
             stamps[path] = entry.stamp
         else:
             stamps[path] = store.stamp(store.absolute(path))
-            known[path] = _Entry(size, mtime, stamps[path], None)
+            known[path] = _Entry(size, mtime, stamps[path], stamps[path].to_json() if stamps[path] is not None else None)
             learned = True
     listed_folders = tuple(folder.rstrip("/") + "/" for folder in folders)
     gone = [path for path in known if path.startswith(listed_folders) and path not in found]
@@ -130,8 +130,7 @@ def _read_manifest(store: ParquetStore) -> dict[str, _Entry]:
 
 def _write_manifest(store: ParquetStore, known: dict[str, _Entry]) -> None:
     """Write `known` as the manifest, and remember it as this process's last read."""
-    entries = {path: entry if entry.text is not None or entry.stamp is None
-               else _Entry(entry.size, entry.mtime_ns, entry.stamp, entry.stamp.to_json()) for path, entry in sorted(known.items())}
+    entries = dict(sorted(known.items()))
     table = pa.table({
         "path": list(entries), "size": [entry.size for entry in entries.values()],
         "mtime_ns": [entry.mtime_ns for entry in entries.values()], "stamp": [entry.text for entry in entries.values()],
