@@ -617,7 +617,8 @@ def _pass_lines(label: str, passed: dict, cold: dict | None = None) -> list[str]
             versus = f" ({step['wall_s'] / cold['steps'][name]['wall_s']:.0%} of cold)"
         counts = step.get("counts", {})
         said = "; ".join(line.split(": ", 1)[-1] for line in step.get("lines", []))[:120]  # the refresh runner's log lines
-        ranked = f"blocks kept {counts['blocks_kept']:,}, ranked {counts['blocks_ranked']:,}" if "blocks_kept" in counts else ""
+        ranked = (f"blocks kept {counts['blocks_kept']:,}, grown {counts.get('blocks_grown', 0):,}, "
+                  f"ranked {counts['blocks_ranked']:,}" if "blocks_kept" in counts else "")
         notes = "; ".join(part for part in ("" if step["status"] == "ok" else step["status"], said, ranked) if part)
         lines.append(f"| | {label} | {name} | {runs} | {step['wall_s']}{versus} | {step['cpu_s']} | {step['peak_rss_gb']} | {notes} |")
     versus = f" ({passed['share_of_cold']:.1%} of cold)" if "share_of_cold" in passed else ""

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tkg.invalidate.candidates import exact_vectors, select_candidates
+from tkg.invalidate.candidates import exact_vectors, merge_ranks, rank_candidates, select_candidates
 
 NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
@@ -125,6 +125,48 @@ def test_chunks_and_packed_blocks_match_the_literal_reading(monkeypatch):
     monkeypatch.setattr(candidates, "EXPAND_CHUNK", 5)
     selected = select_candidates(facts, links)
     assert set(zip(selected.column("primary_event_id").to_pylist(), selected.column("secondary_event_id").to_pylist())) == brute_force(facts, links)
+
+
+def _sorted_ranks(table: pa.Table) -> pa.Table:
+    return table.sort_by([(name, "ascending") for name in ("block_entity", "block_group", "incoming_event_id",
+                                                           "candidate_dynamic", "fact_key")])
+
+
+@pytest.mark.parametrize(("seed", "chunk"), [(11, 512), (12, 512), (13, 5)])
+def test_a_grown_block_merged_from_its_new_pairs_equals_it_ranked_in_full(seed, chunk, monkeypatch):
+    """A block that gains members (a new quarter's facts, or an older fact a merge brings in)
+    needs only the pairs with a new member ranked: merged with its earlier ranks, they give
+    the block ranked in full, row for row, including ties between facts stated in the same
+    words and facts pushed out of an event's top k by new ones."""
+    import duckdb
+
+    import tkg.invalidate.candidates as candidates
+
+    monkeypatch.setattr(candidates, "ROW_CHUNK", chunk)
+    facts, links = random_graph(seed, events=500, entities=5)
+    rng = np.random.default_rng(seed)
+    embeddings = facts.column("embedding").to_pylist()
+    for i in rng.choice(np.arange(1, len(embeddings)), len(embeddings) // 5, replace=False):
+        embeddings[i] = embeddings[i - 1]  # the same words: equal cosines, so ties on the fact key
+    facts = facts.set_column(facts.schema.get_field_index("embedding"), "embedding",
+                             pa.array(embeddings, pa.list_(pa.float32())))
+    new = set(rng.choice(facts.column("event_id").to_pylist(), facts.num_rows // 4, replace=False).tolist())
+    is_new = pa.array([event in new for event in links.column("event_id").to_pylist()])
+    top_k, min_cosine = 3, 0.3
+    earlier = rank_candidates(facts, links.filter(pa.compute.invert(is_new)), min_cosine, top_k)
+    delta = rank_candidates(facts, links.append_column("fresh", is_new), min_cosine, top_k, fresh="fresh")
+    full = rank_candidates(facts, links, min_cosine, top_k)
+    with duckdb.connect() as connection:
+        connection.register("parts", pa.concat_tables([earlier, delta]))
+        merged = merge_ranks(connection, "parts", top_k).to_arrow_table().cast(full.schema)
+    assert full.num_rows > 1000 and delta.num_rows < full.num_rows
+    assert _sorted_ranks(merged).equals(_sorted_ranks(full))
+    # the merge did cut: some earlier rows lost their place to a new member's fact
+    kept = set(zip(*(full.column(name).to_pylist() for name in ("block_entity", "incoming_event_id", "fact_key"))))
+    assert any(row not in kept for row in zip(*(earlier.column(name).to_pylist()
+                                                for name in ("block_entity", "incoming_event_id", "fact_key"))))
+    tied = full.group_by(["block_entity", "incoming_event_id", "candidate_dynamic", "cosine"]).aggregate([("fact_key", "count")])
+    assert max(tied.column("fact_key_count").to_pylist()) > 1  # ties among an event's kept facts were exercised
 
 
 def test_exact_vectors_give_the_same_cosine_from_any_product():

@@ -216,7 +216,7 @@ def test_a_memory_setting_that_is_not_a_size_is_named(tmp_path):
 
 
 # The outputs of the shard steps, whose rows an increment keeps per block or judge case.
-MEMOISED_TABLES = [("candidate_ranks", "ranked_blocks"), ("candidate_ranks", "candidate_ranks"),
+MEMOISED_TABLES = [("candidate_ranks", "ranked_members"), ("candidate_ranks", "candidate_ranks"),
                    ("judged_pairs", "judgments"), ("judged_pairs", "judged_fingerprints"), ("judged_pairs", "retirements")]
 
 
@@ -230,7 +230,8 @@ def _shard_outputs(home: Path) -> dict[str, object]:
 @needs_corpus
 def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build(two_companies, tmp_path):
     """Each block's ranks and each pair's verdict are kept from the last build when their
-    inputs did not change; the blocks and pairs a new quarter touches are recomputed. The
+    inputs did not change; a block the new quarter only adds to ranks only its new pairs; the
+    other blocks and pairs it touches are recomputed. The
     increment's tables equal a cold build's on the same partitions, row for row and in order."""
     newest = max(path.name for path in (two_companies / "parquet" / "transcripts").glob("company=*/quarter=*"))
     home = tmp_path / "home"
@@ -240,12 +241,12 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
         shutil.copytree(folder, home / folder.relative_to(two_companies))
 
     report = finish_graph(_runtime(home, 3))
-    assert report.counts["blocks_kept"] > report.counts["blocks_ranked"] > 0
+    assert report.counts["blocks_kept"] > report.counts["blocks_grown"] > 0  # grown: only the new pairs ranked
     assert report.counts["pairs_kept"] > report.counts["pairs_judged_now"] > 0
 
     cold = _copy(two_companies, tmp_path / "cold")
     cold_report = finish_graph(_runtime(cold, 3))
-    assert cold_report.counts["blocks_kept"] == cold_report.counts["pairs_kept"] == 0
+    assert cold_report.counts["blocks_kept"] == cold_report.counts["blocks_grown"] == cold_report.counts["pairs_kept"] == 0
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert increment.keys() == built.keys() and len(built) == 3 * len(MEMOISED_TABLES)
     assert [name for name in built if not increment[name].equals(built[name])] == []

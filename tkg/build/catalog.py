@@ -168,10 +168,11 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "candidate_ranks", "invalidation",
         "One shard's blocks swept in time: for each incoming fact, its best candidate facts per type (cosine, time "
-        "overlap, a shared entity), cut to the top k in each block; a block whose members did not change keeps its ranks.",
+        "overlap, a shared entity), cut to the top k in each block; a block whose members did not change keeps its ranks, "
+        "and one that only gained members ranks only the pairs with a new one.",
         code_version=lambda f: f"{INVALIDATION_VERSION}:{f.policy}", compute=invalidate.candidate_ranks,
         inputs=("fact_blocks",), kind="shard", published=False,
-        tables=(Table("ranked_blocks", tables.RANKED_BLOCKS), Table("candidate_ranks", tables.CANDIDATE_RANKS))),
+        tables=(Table("ranked_members", tables.RANKED_MEMBERS), Table("candidate_ranks", tables.CANDIDATE_RANKS))),
     Stage(
         "candidate_selection", "invalidation",
         "Every shard's ranks merged: each incoming fact's top k candidate facts over all its blocks, each sent to the "

@@ -144,8 +144,9 @@ CANDIDATE_RANKS = pa.schema([
     ("incoming_event_id", pa.string()), ("candidate_dynamic", pa.bool_()), ("fact_key", pa.string()),
     ("cosine", pa.float32()), ("block_entity", pa.string()), ("block_group", pa.int8()), ("predicate_group", pa.int8()),
 ])
-# The blocks a shard's candidate ranks cover, each with a fingerprint of its members' facts.
-RANKED_BLOCKS = pa.schema([("canonical_id", pa.string()), ("predicate_group", pa.int8()), ("fingerprint", pa.string())])
+# The block members a shard's candidate ranks cover, each with a fingerprint of its fact.
+RANKED_MEMBERS = pa.schema([("canonical_id", pa.string()), ("predicate_group", pa.int8()), ("event_id", pa.string()),
+                            ("fingerprint", pa.uint64())])
 # Each judge pair of a shard with a fingerprint of what its verdict depends on.
 JUDGED_PAIRS = pa.schema([("primary_event_id", pa.string()), ("secondary_event_id", pa.string()), ("fingerprint", pa.string())])
 # A primary event's earliest retirer in one shard.

@@ -156,27 +156,33 @@ def _top_facts(scores: np.ndarray, group_starts: np.ndarray, top_k: int) -> tupl
     return facts, rows, best[facts, rows]
 
 
-def _batch_ranks(f: _Facts, members: np.ndarray, labels: np.ndarray, min_cosine: float, top_k: int) -> list[tuple[np.ndarray, ...]]:
+def _batch_ranks(f: _Facts, members: np.ndarray, labels: np.ndarray, min_cosine: float, top_k: int,
+                 row_ok: np.ndarray | None = None, column_ok: np.ndarray | None = None) -> list[tuple[np.ndarray, ...]]:
     """(incoming, fact key, best cosine, candidate is DYNAMIC, block) for each incoming event's
     top_k facts per candidate type, in each block of a batch: `members` are the blocks' events
     and `labels` their blocks. Small blocks share a batch (one matrix product, cross-block
-    pairs masked out); a large block is a batch of its own, swept in chunks of rows."""
+    pairs masked out); a large block is a batch of its own, swept in chunks of rows.
+
+    `row_ok`, `column_ok` (parallel to `members`): when given, only these members are ranked
+    as incoming events, or only these are their candidates."""
     several = labels[0] != labels[-1]  # labels come sorted
     by_start = np.argsort(f.start[members], kind="stable")
     members, labels = members[by_start], labels[by_start]
+    row_ok = np.ones(len(members), dtype=bool) if row_ok is None else row_ok[by_start]
+    column_ok = np.ones(len(members), dtype=bool) if column_ok is None else column_ok[by_start]
     out: list[tuple[np.ndarray, ...]] = []
     for dynamic_type in (True, False):
-        is_column = f.dynamic[members] == dynamic_type
+        is_column = (f.dynamic[members] == dynamic_type) & column_ok
         if not is_column.any():
             continue
         columns_all, column_labels = members[is_column], labels[is_column]
-        is_row = np.ones(len(members), dtype=bool)
+        is_row = row_ok
         if not dynamic_type:
             # A STATIC candidate can only ever retire a DYNAMIC X that has an end (it must start
             # after xs and before X's end), so the other events need no STATIC ranking.
-            is_row = f.dynamic[members] & (f.end_or_never[members] != _NEVER)
-            if not is_row.any():
-                continue
+            is_row = row_ok & f.dynamic[members] & (f.end_or_never[members] != _NEVER)
+        if not is_row.any():
+            continue
         rows_all, row_labels_all = members[is_row], labels[is_row]
         column_start = f.start[columns_all]
         # Columns grouped by fact (stable, so in time order inside a fact) for the per-fact best.
@@ -212,11 +218,16 @@ def _batch_ranks(f: _Facts, members: np.ndarray, labels: np.ndarray, min_cosine:
     return out
 
 
-def _ranked(f: _Facts, blocks: pl.DataFrame, min_cosine: float, top_k: int) -> dict[str, np.ndarray]:
+def _ranked(f: _Facts, blocks: pl.DataFrame, min_cosine: float, top_k: int, delta: bool = False) -> dict[str, np.ndarray]:
     """incoming, candidate_dynamic, key, cosine, block for each incoming event's top_k facts per
-    candidate type in each block (the cut over all blocks is `select_ranked`'s)."""
+    candidate type in each block (the cut over all blocks is `select_ranked`'s).
+
+    `delta`: the blocks carry `fresh` (parallel to `idx`), and only what the fresh members
+    change is ranked: fresh incoming events against every member, the others against the
+    fresh members alone (`rank_candidates`)."""
     sizes = blocks["idx"].list.len().to_numpy()
     members = blocks["idx"].explode().to_numpy().astype(np.int64)
+    fresh = blocks["fresh"].explode().to_numpy().astype(bool) if delta else None
     labels = np.repeat(np.arange(len(sizes)), sizes)
     offsets = np.r_[0, np.cumsum(sizes)]
     batches, first = [], 0
@@ -228,9 +239,14 @@ def _ranked(f: _Facts, blocks: pl.DataFrame, min_cosine: float, top_k: int) -> d
         first = last
     # numpy releases the GIL in the products, masks and reductions, so batches run on all
     # cores (BLAS on one thread each, not one per core per batch); map keeps their order
+    def rank(batch: slice) -> list[tuple[np.ndarray, ...]]:
+        if fresh is None:
+            return _batch_ranks(f, members[batch], labels[batch], min_cosine, top_k)
+        return (_batch_ranks(f, members[batch], labels[batch], min_cosine, top_k, row_ok=fresh[batch])
+                + _batch_ranks(f, members[batch], labels[batch], min_cosine, top_k, row_ok=~fresh[batch], column_ok=fresh[batch]))
+
     with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        parts = [part for found in pool.map(lambda batch: _batch_ranks(f, members[batch], labels[batch], min_cosine, top_k), batches)
-                 for part in found]
+        parts = [part for found in pool.map(rank, batches) for part in found]
     if not parts:
         return {}
     incoming, key, cosine, dynamic, block = (np.concatenate(arrays) for arrays in zip(*parts))
@@ -373,30 +389,42 @@ def _earliest_pairs(f: _Facts, selected: dict[str, np.ndarray], min_cosine: floa
 RANKS_SCHEMA = tables.CANDIDATE_RANKS
 
 
-def _blocks(f: _Facts, links: pa.Table) -> pl.DataFrame:
-    """The blocks (canonical entity, predicate group) of two or more facts, in (entity, group) order."""
+def _blocks(f: _Facts, links: pa.Table, fresh: str | None = None) -> pl.DataFrame:
+    """The blocks (canonical entity, predicate group) of two or more facts, in (entity, group)
+    order, with each member's `fresh` flag when `fresh` names a column of `links`."""
+    flags = [pl.col(fresh).alias("fresh")] if fresh else []
     return (
-        pl.from_arrow(links).select(["event_id", "canonical_id", "predicate_group"])
+        pl.from_arrow(links).select(["event_id", "canonical_id", "predicate_group", *flags])
         .join(pl.DataFrame({"event_id": pl.Series(f.ids), "idx": np.arange(len(f.ids), dtype=np.int64)}), on="event_id")
         .unique(["idx", "canonical_id", "predicate_group"])
-        .group_by(["canonical_id", "predicate_group"]).agg(pl.col("idx").sort())
+        .sort("idx")
+        .group_by(["canonical_id", "predicate_group"], maintain_order=True).agg("idx", *(["fresh"] if fresh else []))
         .filter(pl.col("idx").list.len() > 1)
         .sort(["canonical_id", "predicate_group"])
     )
 
 
-def rank_candidates(facts: pa.Table, links: pa.Table, min_cosine: float = 0.5, top_k: int = 10) -> pa.Table:
+def rank_candidates(facts: pa.Table, links: pa.Table, min_cosine: float = 0.5, top_k: int = 10,
+                    fresh: str | None = None) -> pa.Table:
     """Phase 1, over the blocks `links` make of `facts` (all of them, one shard's, or some
     blocks'): in each block, each incoming event's top_k facts per candidate type with their
     best cosine in the block. A block's rows depend on its members alone.
 
     `facts`: event_id, temporal_type, valid_at, invalid_at, embedding, fact_key (FACT,
-    non-ATEMPORAL). `links`: event_id, canonical_id, predicate_group per triplet endpoint."""
+    non-ATEMPORAL). `links`: event_id, canonical_id, predicate_group per triplet endpoint.
+
+    `fresh`: a boolean column of `links` marking the members a block gained since its ranks
+    were last computed (the others unchanged). Then only the rows those members change are
+    ranked: each fresh event against every member, each other event against the fresh
+    members alone. `merge_ranks` over these rows and the block's earlier ones gives its full
+    ranks: a fact's best cosine over all members is its best over the old ones or over the
+    fresh ones, and a fact among an event's top k on all members is among its top k on
+    whichever of the two gives its best (cosines are exact, ties break on the fact key)."""
     if facts.num_rows == 0 or links.num_rows == 0:
         return RANKS_SCHEMA.empty_table()
     f = _Facts(facts)
-    blocks = _blocks(f, links)
-    ranked = _ranked(f, blocks, min_cosine, top_k)
+    blocks = _blocks(f, links, fresh)
+    ranked = _ranked(f, blocks, min_cosine, top_k, delta=fresh is not None)
     if not ranked:
         return RANKS_SCHEMA.empty_table()
     return pa.table({
@@ -421,6 +449,22 @@ SELECT_RANKED_SQL = """
     FROM best
     QUALIFY row_number() OVER (PARTITION BY incoming_event_id, candidate_dynamic ORDER BY cosine DESC, fact_key) <= $top_k
     ORDER BY incoming_event_id, candidate_dynamic, fact_key"""
+
+
+MERGE_RANKS_SQL = """
+    SELECT incoming_event_id, candidate_dynamic, fact_key, max(cosine) AS cosine, block_entity, block_group,
+           predicate_group
+    FROM {ranks} GROUP BY block_entity, block_group, predicate_group, incoming_event_id, candidate_dynamic, fact_key
+    QUALIFY row_number() OVER (PARTITION BY block_entity, block_group, incoming_event_id, candidate_dynamic
+                               ORDER BY max(cosine) DESC, fact_key) <= $top_k"""
+
+
+def merge_ranks(connection, ranks: str, top_k: int = 10):
+    """A block's ranks from parts that each ranked some of its pairs (its earlier ranks and
+    `rank_candidates(..., fresh=...)`'s): per incoming event, fact and candidate type the best
+    cosine, cut to the event's top_k facts per type in the block, ties on the fact key.
+    `ranks` is a relation or view on `connection`; the result is a DuckDB relation."""
+    return connection.sql(MERGE_RANKS_SQL.replace("{ranks}", ranks), params={"top_k": top_k})
 
 
 def select_ranked(connection, ranks: str, top_k: int = 10):

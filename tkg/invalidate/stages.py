@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from tkg.core import policy, tables
 from tkg.core.results import StageJob, StageResult
-from tkg.invalidate.candidates import pair_candidates, rank_candidates, select_ranked
+from tkg.invalidate.candidates import merge_ranks, pair_candidates, rank_candidates, select_ranked
 from tkg.invalidate.invalidation import (
     LINKS_SQL,
     fact_event_parameters,
@@ -56,7 +56,7 @@ from tkg.store.manifest import scan
 from tkg.store.warehouse import apply_model, model
 
 # Bump when the phases change how they split, rank, select or pair.
-INVALIDATION_VERSION = "sharded-invalidation-2"
+INVALIDATION_VERSION = "sharded-invalidation-3"
 # Bump when the rules of tkg.invalidate.positions change.
 POSITIONS_VERSION = "positions-8"
 
@@ -138,44 +138,80 @@ def _split(job: StageJob, asset: str, table: str, schema: pa.Schema) -> pa.Table
 
 def candidate_ranks(job: StageJob) -> StageResult:
     """Rank, in one shard: each incoming fact's best candidate facts per type in each of the
-    shard's blocks. A block's ranks depend on its members alone, so a block whose members'
-    facts have the fingerprint they had in this shard's last output keeps its rows from it."""
-    connection = job.connection
+    shard's blocks. A block's ranks depend on its members alone, and each member's fact has a
+    fingerprint (`ranked_members`), so against the shard's last output a block is
+    - kept: the same members with the same fingerprints; its rows are kept;
+    - grown: every earlier member unchanged, and new ones (a new quarter's facts): only the
+      pairs with a new member are ranked, and merged with its earlier rows (`merge_ranks`);
+    - ranked in full otherwise (a member changed or left, or the block is new)."""
+    connection, rules = job.connection, policy.POLICY
     facts = _split(job, "fact_blocks", "facts", tables.FACTS)
     members = _split(job, "fact_blocks", "members", tables.BLOCK_MEMBERS)
     connection.register("shard_facts", facts)
     connection.register("shard_members", members)
     fact_columns = ", ".join(f"f.{name}" for name in tables.FACTS.names)
-    blocks = connection.sql(f"""
-        SELECT m.canonical_id, m.predicate_group,
-               md5(string_agg(hash({fact_columns})::VARCHAR, ',' ORDER BY m.event_id)) AS fingerprint
-        FROM shard_members m JOIN shard_facts f USING (event_id)
-        GROUP BY ALL ORDER BY ALL""").to_arrow_table().cast(tables.RANKED_BLOCKS)
-    connection.register("shard_blocks", blocks)
-    kept = tables.CANDIDATE_RANKS.empty_table()
+    ranked_members = connection.sql(f"""
+        SELECT m.canonical_id, m.predicate_group, m.event_id, hash({fact_columns}) AS fingerprint
+        FROM shard_members m JOIN shard_facts f USING (event_id) ORDER BY ALL""").to_arrow_table().cast(tables.RANKED_MEMBERS)
+    connection.register("current_members", ranked_members)
     if job.previous:
-        job.store.relation(connection, [job.previous["ranked_blocks"]]).create_view("previous_blocks", replace=True)
+        job.store.relation(connection, [job.previous["ranked_members"]]).create_view("previous_members", replace=True)
         job.store.relation(connection, [job.previous["candidate_ranks"]]).create_view("previous_ranks", replace=True)
-        connection.execute("""CREATE TEMP TABLE unchanged AS
-                              SELECT canonical_id, predicate_group FROM shard_blocks
-                              SEMI JOIN previous_blocks USING (canonical_id, predicate_group, fingerprint)""")
-        kept = connection.sql(f"""
-            SELECT {', '.join('r.' + name for name in tables.CANDIDATE_RANKS.names)} FROM previous_ranks r
-            SEMI JOIN unchanged u ON r.block_entity = u.canonical_id AND r.block_group = u.predicate_group
-            """).to_arrow_table().cast(tables.CANDIDATE_RANKS)
     else:
-        connection.execute("CREATE TEMP TABLE unchanged AS SELECT canonical_id, predicate_group FROM shard_blocks LIMIT 0")
-    changed = connection.sql("""SELECT event_id, canonical_id, predicate_group FROM shard_members
-                                ANTI JOIN unchanged USING (canonical_id, predicate_group)""").to_arrow_table()
-    changed_facts = connection.sql("SELECT * FROM shard_facts SEMI JOIN changed USING (event_id)").to_arrow_table()
-    rules = policy.POLICY
-    ranked = rank_candidates(changed_facts.cast(tables.FACTS), changed, rules.min_cosine, rules.top_k)
-    ranks = pa.concat_tables([kept, ranked]).sort_by(
-        [(name, "ascending") for name in ("block_entity", "block_group", "incoming_event_id", "candidate_dynamic", "fact_key")])
-    reused = _count(connection, "unchanged")
-    return StageResult(ranks, tables={"ranked_blocks": blocks, "candidate_ranks": ranks}, counts=Counter({
-        "facts": facts.num_rows, "ranked": ranks.num_rows, "blocks": blocks.num_rows, "blocks_kept": reused,
-        "blocks_ranked": blocks.num_rows - reused}))
+        connection.from_arrow(tables.RANKED_MEMBERS.empty_table()).create_view("previous_members", replace=True)
+        connection.from_arrow(tables.CANDIDATE_RANKS.empty_table()).create_view("previous_ranks", replace=True)
+    connection.execute("""
+        CREATE TEMP TABLE block_states AS
+        WITH now AS (SELECT canonical_id, predicate_group, count(*) AS members FROM current_members GROUP BY ALL),
+             before AS (SELECT canonical_id, predicate_group, count(*) AS members FROM previous_members GROUP BY ALL),
+             same AS (SELECT canonical_id, predicate_group, count(*) AS members FROM current_members
+                      JOIN previous_members USING (canonical_id, predicate_group, event_id, fingerprint) GROUP BY ALL)
+        SELECT canonical_id, predicate_group,
+               CASE WHEN same.members = before.members AND same.members = now.members THEN 'kept'
+                    WHEN same.members = before.members THEN 'grown' ELSE 'ranked' END AS state
+        FROM now LEFT JOIN before USING (canonical_id, predicate_group) LEFT JOIN same USING (canonical_id, predicate_group)""")
+    connection.execute("""
+        CREATE TEMP TABLE reranked AS
+        SELECT m.event_id, m.canonical_id, m.predicate_group, b.state,
+               p.event_id IS NULL AS fresh
+        FROM current_members m JOIN block_states b USING (canonical_id, predicate_group)
+        LEFT JOIN previous_members p USING (canonical_id, predicate_group, event_id)
+        WHERE b.state <> 'kept'""")
+    parts = {}
+    for state in ("ranked", "grown"):
+        links = connection.sql("SELECT event_id, canonical_id, predicate_group, fresh FROM reranked WHERE state = $state "
+                               "ORDER BY ALL", params={"state": state}).to_arrow_table()
+        connection.register("part_links", links)
+        part_facts = connection.sql("SELECT * FROM shard_facts SEMI JOIN part_links USING (event_id)").to_arrow_table()
+        parts[state] = rank_candidates(part_facts.cast(tables.FACTS), links, rules.min_cosine, rules.top_k,
+                                       fresh="fresh" if state == "grown" else None)
+    connection.register("ranked_in_full", parts["ranked"])
+    connection.register("grown_delta", parts["grown"])
+    # an earlier block's rows, kept as they are unless a new member gave an incoming event new
+    # candidates (then merged with them); most of a grown block's old events reach no new one
+    connection.execute(f"""
+        CREATE TEMP VIEW previous_kept AS
+        SELECT {', '.join('r.' + name for name in tables.CANDIDATE_RANKS.names)} FROM previous_ranks r
+        JOIN block_states b ON r.block_entity = b.canonical_id AND r.block_group = b.predicate_group
+        WHERE b.state IN ('kept', 'grown')""")
+    connection.execute("""CREATE TEMP TABLE touched AS
+                          SELECT DISTINCT block_entity, block_group, incoming_event_id, candidate_dynamic FROM grown_delta""")
+    connection.execute("""
+        CREATE TEMP VIEW touched_parts AS
+        SELECT * FROM previous_kept SEMI JOIN touched USING (block_entity, block_group, incoming_event_id, candidate_dynamic)
+        UNION ALL SELECT * FROM grown_delta""")
+    connection.register("merged", merge_ranks(connection, "touched_parts", rules.top_k).to_arrow_table())
+    ranks = connection.sql("""
+        SELECT * FROM previous_kept ANTI JOIN touched USING (block_entity, block_group, incoming_event_id, candidate_dynamic)
+        UNION ALL SELECT * FROM ranked_in_full
+        UNION ALL SELECT * FROM merged
+        ORDER BY block_entity, block_group, incoming_event_id, candidate_dynamic, fact_key
+        """).to_arrow_table().cast(tables.CANDIDATE_RANKS)
+    states = dict(connection.execute("SELECT state, count(*) FROM block_states GROUP BY state").fetchall())
+    return StageResult(ranks, tables={"ranked_members": ranked_members, "candidate_ranks": ranks}, counts=Counter({
+        "facts": facts.num_rows, "ranked": ranks.num_rows, "blocks": sum(states.values()),
+        "blocks_kept": states.get("kept", 0), "blocks_grown": states.get("grown", 0),
+        "blocks_ranked": states.get("ranked", 0)}))
 
 
 def candidate_selection(job: StageJob) -> StageResult:
