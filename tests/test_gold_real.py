@@ -72,7 +72,10 @@ def test_gold_aliases(warehouse, case):
     assert (a == b) is case["same"]
 
 
-@pytest.mark.parametrize("company, role, as_of, expected", HARDER_ROLE_CASES, ids=lambda v: str(v))
+# ids in a fixed order (a set's order changes between processes, and parallel workers must
+# collect the same ids)
+@pytest.mark.parametrize("company, role, as_of, expected", HARDER_ROLE_CASES,
+                         ids=lambda v: "|".join(sorted(v)) if isinstance(v, set) else str(v))
 def test_harder_officer_cases(warehouse, company, role, as_of, expected):
     holders = _holders(warehouse, company, role, as_of)
     assert len(holders) == 1 and holders <= expected, holders
