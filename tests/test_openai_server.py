@@ -238,7 +238,7 @@ def test_timeout_fault_stalls_until_the_client_gives_up(server, client):
     assert client.responses.create(model=MODEL, input="fast").output_text == "ok"
     assert server.stats().timeouts == 1
     # The server notices the hang-up and frees the stalled request's slot.
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 10  # waited for, not slept: generous for a loaded machine
     while server.stats().in_flight and time.monotonic() < deadline:
         time.sleep(0.02)
     assert server.stats().in_flight == 0
