@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tkg.invalidate.candidates import exact_vectors, merge_ranks, rank_candidates, select_candidates
@@ -153,7 +154,7 @@ def test_a_grown_block_merged_from_its_new_pairs_equals_it_ranked_in_full(seed, 
     new = set(rng.choice(facts.column("event_id").to_pylist(), facts.num_rows // 4, replace=False).tolist())
     is_new = pa.array([event in new for event in links.column("event_id").to_pylist()])
     top_k, min_cosine = 3, 0.3
-    earlier = rank_candidates(facts, links.filter(pa.compute.invert(is_new)), min_cosine, top_k)
+    earlier = rank_candidates(facts, links.filter(pc.invert(is_new)), min_cosine, top_k)
     delta = rank_candidates(facts, links.append_column("fresh", is_new), min_cosine, top_k, fresh="fresh")
     full = rank_candidates(facts, links, min_cosine, top_k)
     with duckdb.connect() as connection:
