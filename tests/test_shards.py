@@ -20,6 +20,7 @@ from tkg.build.stages import PROCESS_BASE, SHARD_MEMORY_FACTOR, Runtime, run_glo
 from tkg.core.companies import DEFAULT_COMPANIES_FILE
 from tkg.settings import Settings
 from tkg.store.parquet import ParquetStore
+from tkg.store.splits import shard_rows
 
 # The tables the global half publishes, each sorted by all of its columns.
 GRAPH_TABLES = [
@@ -251,6 +252,29 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert increment.keys() == built.keys() and len(built) == 3 * len(MEMOISED_TABLES)
     assert [name for name in built if not increment[name].equals(built[name])] == []
     assert _graph(home) == _graph(cold)
+    # the split tables: written as deltas on the last build (both global steps that split), a
+    # cold build's rows in the same order, and the same fingerprint per shard
+    assert report.counts["split_written_as_delta"] == 2 and cold_report.counts["split_written_as_delta"] == 0
+    assert 0 < report.counts["split_rows_written"] < cold_report.counts["split_rows_written"] / 4
+    assert _split_tables(home) == _split_tables(cold)
+
+
+def _split_tables(home: Path) -> dict[str, object]:
+    """Every shard's rows of every split table, as the shard steps read them, and each
+    splitting step's fingerprint per shard."""
+    store = ParquetStore(home)
+    keys = catalog.shard_keys(3)
+    found = {}
+    with duckdb.connect() as connection:
+        for stage in catalog.GLOBAL:
+            if not stage.shard_tables:
+                continue
+            stamp = store.stamp(store.global_path(stage.name))
+            found[f"{stage.name} fingerprints"] = stamp.parts
+            for table, shard in ((table, shard) for table in stage.shard_tables for shard in keys):
+                rows = shard_rows(store, connection, stage.name, stamp.version, table.name, shard, table.schema.names)
+                found[f"{stage.name}/{table.name}/{shard}"] = sorted(rows.fetchall()) if rows is not None else None
+    return found
 
 
 def test_a_split_table_is_written_by_shard_in_order_within_its_memory_budget(tmp_path):

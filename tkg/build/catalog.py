@@ -49,6 +49,7 @@ class Table:
     name: str
     schema: pa.Schema
     unpublished: tuple[str, ...] = ()  # columns kept in Parquet but not copied into tkg.duckdb
+    key: tuple[str, ...] = ()  # a table split by shard: the columns that name a row within a shard
 
 
 @dataclass(frozen=True)
@@ -159,12 +160,14 @@ STAGES: tuple[Stage, ...] = (
         "The facts invalidation compares (FACT, non-ATEMPORAL events with triplets, each with the key of the fact it "
         "states) and the blocks they fall in: facts sharing a canonical entity under a predicate group. Written split "
         "into shards, a stable hash of the block, with each shard's facts, embeddings and canonical triplets, so a "
-        "shard's comparisons need nothing else.",
+        "shard's comparisons need nothing else. A run that changed few rows (a new quarter) writes them as a delta on "
+        "the last version rather than every row again.",
         code_version=lambda f: f"{INVALIDATION_VERSION}:{f.shards}:{f.policy}", compute=invalidate.fact_blocks,
         inputs=("temporal_events", "triplets", "canonical_entities"), kind="global", published=False,
         tables=(Table("fact_blocks", tables.SHARD_SUMMARY),),
-        shard_tables=(Table("facts", tables.FACTS), Table("members", tables.BLOCK_MEMBERS),
-                      Table("triplets", tables.RESOLVED_TRIPLETS))),
+        shard_tables=(Table("facts", tables.FACTS, key=("event_id",)),
+                      Table("members", tables.BLOCK_MEMBERS, key=("canonical_id", "predicate_group", "event_id")),
+                      Table("triplets", tables.RESOLVED_TRIPLETS, key=("triplet_id",)))),
     Stage(
         "candidate_ranks", "invalidation",
         "One shard's blocks swept in time: for each incoming fact, its best candidate facts per type (cosine, time "
@@ -176,11 +179,12 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "candidate_selection", "invalidation",
         "Every shard's ranks merged: each incoming fact's top k candidate facts over all its blocks, each sent to the "
-        "shard of the smallest block that holds both, which pairs them.",
+        "shard of the smallest block that holds both, which pairs them; written as a delta on the last version when "
+        "few rows changed.",
         code_version=lambda f: f"{INVALIDATION_VERSION}:{f.policy}:{f.shards}", compute=invalidate.candidate_selection,
         inputs=("candidate_ranks",), kind="global", published=False,
         tables=(Table("candidate_selection", tables.SHARD_SUMMARY),),
-        shard_tables=(Table("selected", tables.CANDIDATE_RANKS),)),
+        shard_tables=(Table("selected", tables.CANDIDATE_RANKS, key=("incoming_event_id", "candidate_dynamic", "fact_key")),)),
     Stage(
         "judged_pairs", "invalidation",
         "One shard's judge pairs (the older event and the earliest restatement of a candidate fact that may retire it) "

@@ -50,6 +50,7 @@ from tkg.llm.wire import RequestFailed
 from tkg.providers import Providers, fingerprints, open_providers
 from tkg.settings import Settings, size_in_bytes
 from tkg.store.parquet import ParquetStore
+from tkg.store.splits import SplitRows, shard_files, write_splits
 
 
 @dataclass
@@ -239,22 +240,24 @@ def run_global(runtime: Runtime, stage: Stage, shard: str | None = None) -> Stag
         finally:
             record_usage(store, usage, shard=shard)
         result.stamp = Stamp(stage.name, stamp.code_version, stamp.inputs, dict(result.missing))
-        for table in stage.shard_tables:
-            split = result.shard_tables[table.name]
-            store.write_split(store.split_folder(stage.name, result.stamp.version, table.name),
-                              _conformed(split, table.schema.append(pa.field("shard", pa.string())), None))
         if stage.shard_tables:
-            parts = split_fingerprints(store, connection, stage, result.stamp.version, shard_keys)
-            result.stamp = Stamp(stage.name, stamp.code_version, stamp.inputs, dict(result.missing), parts)
+            written = write_splits(store, connection, stage.name, result.stamp.version,
+                                   [_split_rows(result.shard_tables[table.name]).split(table.name, table.schema, table.key)
+                                    for table in stage.shard_tables],
+                                   _previous_version(store, stage, job.previous), shard_keys)
+            result.stamp = Stamp(stage.name, stamp.code_version, stamp.inputs, dict(result.missing), written.parts)
+            result.counts["split_rows_written"] = written.rows
+            result.counts["split_written_as_delta"] = int(written.delta)
+            keep = written.keep
         outputs = result.tables or {stage.table.name: result.table}
         for table in stage.tables:
             path = (store.shard_path(stage.name, shard, table.name) if stage.sharded
                     else store.global_path(stage.name, table.name))
             result.path = store.write(path, _conformed(outputs[table.name], table.schema, result.stamp))
         result.input_versions = upstream
-    if stage.shard_tables:  # the stamp now names the new version: the older ones are read by nobody
+    if stage.shard_tables:  # the stamp now names the new version: the ones it does not stack are read by nobody
         for version in store.versions_of(stage.name):
-            if version != result.stamp.version:
+            if version not in keep:
                 store.delete_folder(store.parquet_root / stage.name / f"v={version}")
     return result
 
@@ -276,7 +279,7 @@ def shard_input(store: ParquetStore, stage: Stage, shard: str, upstream: dict[st
     rows = size = 0
     for name in stage.inputs:
         for table in catalog.stage(name).shard_tables:
-            for path in store.split_files(name, upstream[name], table.name, shard):
+            for path in shard_files(store, name, upstream[name], table.name, shard):
                 metadata = store.metadata(path)
                 rows += metadata.num_rows
                 size += sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
@@ -310,6 +313,18 @@ def _kept(store: ParquetStore, stage: Stage, shard: str, expected: Stamp) -> Sta
                        notes=["its inputs did not change since it was built: kept as it is"])
 
 
+def _split_rows(rows: Any) -> SplitRows:
+    """What a stage gave for a split table: a relation, or its rows with how to hash them."""
+    return rows if isinstance(rows, SplitRows) else SplitRows(rows)
+
+
+def _previous_version(store: ParquetStore, stage: Stage, previous: dict[str, Any]) -> str | None:
+    """The version of a global step's split tables the store holds, when its last output is
+    one the new version may stand on (`_trusted_previous`)."""
+    stamp = store.stamp(previous[stage.table.name]) if previous else None
+    return stamp.version if stamp else None
+
+
 def _trusted_previous(store: ParquetStore, stage: Stage, shard: str | None, stamp: Stamp) -> dict[str, Any]:
     """The stage's last output files (by table name) if one complete run of the same code and
     the same settings wrote them all (their stamps agree), else nothing: a partial output (items
@@ -325,27 +340,6 @@ def _trusted_previous(store: ParquetStore, stage: Stage, shard: str | None, stam
     if {key: value for key, value in first.inputs.items() if key not in stage.inputs} != settings_of:
         return {}
     return paths
-
-
-def split_fingerprints(store: ParquetStore, connection: Any, stage: Stage, version: str, shard_keys: list[str]
-                       ) -> dict[str, str]:
-    """A fingerprint of each shard's rows of a global step's split tables (shards without rows
-    left out): the row count and an order-free sum of the rows' hashes, so the same rows give
-    the same fingerprint however they were split into files."""
-    parts = {}
-    for shard in shard_keys:
-        sums = []
-        for table in stage.shard_tables:
-            files = store.split_files(stage.name, version, table.name, shard)
-            if not files:
-                continue
-            store.relation(connection, files).select(*table.schema.names).create_view("_split_rows", replace=True)
-            columns = ", ".join(f'"{name}"' for name in table.schema.names)
-            rows, total = connection.execute(f"SELECT count(*), sum(hash({columns})) FROM _split_rows").fetchall()[0]
-            sums.append(f"{table.name}:{rows}:{total}")
-        if sums:
-            parts[shard] = short_hash("|".join(sums))
-    return parts
 
 
 def stale_work(runtime: Runtime, stage: catalog.Stage) -> list[str]:

@@ -23,7 +23,9 @@ compared in its new blocks and nowhere else. Results never depend on the number 
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
+from datetime import date
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -52,11 +54,12 @@ from tkg.invalidate.positions import (
 )
 from tkg.invalidate.retention import retention_settings, score_facts
 from tkg.invalidate.revisions import FigureRevisions, revise_figures
-from tkg.store.manifest import scan
+from tkg.store.manifest import scan, stamped_files
+from tkg.store.splits import SplitRows, shard_rows
 from tkg.store.warehouse import apply_model, model
 
 # Bump when the phases change how they split, rank, select or pair.
-INVALIDATION_VERSION = "sharded-invalidation-3"
+INVALIDATION_VERSION = "sharded-invalidation-4"
 # Bump when the rules of tkg.invalidate.positions change.
 POSITIONS_VERSION = "positions-8"
 
@@ -107,10 +110,32 @@ def fact_blocks(job: StageJob) -> StageResult:
                {shard_sql("l.canonical_id || '|' || l.predicate_group", shards)} AS shard
         FROM links l JOIN blocks USING (canonical_id, predicate_group)""")
     connection.execute("CREATE TEMP TABLE fact_shards AS SELECT DISTINCT event_id, shard FROM members")
+    # each fact's source: the version of the partition file its text and vector are read from (an
+    # event whose file is not found by its company and quarter gets a source of this run's: changed)
+    connection.register("partition_versions", _partition_versions(job))
+    connection.execute("""CREATE TEMP TABLE fact_sources AS
+                          SELECT e.event_id, e.company, e.quarter, coalesce(v.source, $unmatched) AS source
+                          FROM events e LEFT JOIN partition_versions v USING (company, quarter)
+                          WHERE e.event_id IN (SELECT event_id FROM facts)""", {"unmatched": f"unmatched:{uuid.uuid4()}"})
+    fact_columns = ", ".join(('e.' if name in HEAVY_FACT_COLUMNS else 'f.') + name for name in tables.FACTS.names)
+    facts_sql = f"""SELECT {fact_columns}, s.shard, c.source AS _source
+                    FROM facts f JOIN fact_shards s USING (event_id) JOIN fact_sources c USING (event_id)
+                    JOIN {{events}} e USING (event_id)"""
+
+    def facts_for(wanted: str):
+        """The facts of the partitions that hold the (shard, event_id) pairs in `wanted`: their
+        text and vectors read from those partitions' files alone."""
+        partitions = connection.execute(f"SELECT DISTINCT company, quarter FROM fact_sources SEMI JOIN {wanted} "
+                                        "USING (event_id) ORDER BY ALL").fetchall()
+        files = [store.partition_path("temporal_events", company, quarter) for company, quarter in partitions]
+        (scan(store, connection, files) if files else connection.from_arrow(tables.EVENTS.empty_table())
+         ).create_view("wanted_events", replace=True)
+        return connection.sql(facts_sql.replace("{events}", "wanted_events"))
+
     splits = {
-        "facts": connection.sql(f"""SELECT {', '.join(('e.' if name in ('statement', 'embedding') else 'f.') + name
-                                                       for name in tables.FACTS.names)}, s.shard
-                                    FROM facts f JOIN fact_shards s USING (event_id) JOIN events e USING (event_id)"""),
+        "facts": SplitRows(connection.sql(facts_sql.replace("{events}", "events")),
+                           hashed=(*(name for name in tables.FACTS.names if name not in HEAVY_FACT_COLUMNS), "_source"),
+                           rows_for=facts_for),
         "members": connection.sql(f"SELECT {', '.join(tables.BLOCK_MEMBERS.names)}, shard FROM members"),
         "triplets": connection.sql(f"""SELECT {', '.join('t.' + name for name in tables.RESOLVED_TRIPLETS.names)}, s.shard
                                         FROM resolved_triplets t JOIN fact_shards s USING (event_id)"""),
@@ -124,16 +149,34 @@ def fact_blocks(job: StageJob) -> StageResult:
     return StageResult(summary.cast(tables.SHARD_SUMMARY), counts=Counter(counts), shard_tables=splits)
 
 
+# What the facts split copies from the events: the bulk of its bytes. A fact's row is told
+# changed or not by the version of the partition file they come from, not by reading them.
+HEAVY_FACT_COLUMNS = ("statement", "embedding")
+
+
+def _partition_versions(job: StageJob) -> pa.Table:
+    """(company, quarter, source) of every temporal_events partition file: its stamp's version
+    (a file without a stamp gets a source of its own each time, so its rows always count as changed)."""
+    companies, quarters, sources = [], [], []
+    for listed in stamped_files(job.store, ["temporal_events"]):
+        parts = dict(part.split("=", 1) for part in listed.path.split("/")[1:-1] if "=" in part)
+        if "company" not in parts or "quarter" not in parts:
+            continue
+        companies.append(parts["company"])
+        quarters.append(date.fromisoformat(parts["quarter"]))
+        sources.append(listed.stamp.version if listed.stamp is not None else f"unstamped:{uuid.uuid4()}")
+    return pa.table({"company": pa.array(companies, pa.string()), "quarter": pa.array(quarters, pa.date32()),
+                     "source": pa.array(sources, pa.string())})
+
+
 def _count(connection, table: str) -> int:
     return connection.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
 
 
 def _split(job: StageJob, asset: str, table: str, schema: pa.Schema) -> pa.Table:
     """One shard's rows of a table a global step split by shard (this job's shard)."""
-    files = job.store.split_files(asset, job.versions[asset], table, job.shard)
-    if not files:
-        return schema.empty_table()
-    return job.store.relation(job.connection, files).select(*schema.names).to_arrow_table().cast(schema)
+    rows = shard_rows(job.store, job.connection, asset, job.versions[asset], table, job.shard, schema.names)
+    return schema.empty_table() if rows is None else rows.to_arrow_table().cast(schema)
 
 
 def candidate_ranks(job: StageJob) -> StageResult:

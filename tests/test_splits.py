@@ -1,0 +1,153 @@
+"""Split tables stored as chains of segments (tkg.store.splits): whatever history wrote them,
+a shard reads the rows of the latest version, in key order, with the fingerprint a whole write
+of those rows gives."""
+
+from __future__ import annotations
+
+import random
+
+import duckdb
+import pyarrow as pa
+
+from tkg.store.parquet import ParquetStore
+from tkg.store.splits import DELTA_SHARE, MAX_SEGMENTS, Split, SplitRows, read_chains, shard_rows, write_splits
+
+SHARDS = ["00", "01", "02"]
+SCHEMA = pa.schema([("event_id", pa.string()), ("dynamic", pa.bool_()), ("group", pa.int8()),
+                    ("score", pa.float32()), ("embedding", pa.list_(pa.float32()))])
+KEY = ("event_id", "dynamic")
+
+
+def _write(store: ParquetStore, version: str, rows: list[dict], previous: str | None):
+    with duckdb.connect() as connection:
+        table = pa.Table.from_pylist(rows, schema=SCHEMA.append(pa.field("shard", pa.string())))
+        split = Split("facts", SCHEMA, KEY, connection.from_arrow(table))
+        return write_splits(store, connection, "step", version, [split], previous, SHARDS)
+
+
+def _read(store: ParquetStore, version: str) -> dict[str, list[tuple]]:
+    with duckdb.connect() as connection:
+        found = {}
+        for shard in SHARDS:
+            rows = shard_rows(store, connection, "step", version, "facts", shard, SCHEMA.names)
+            found[shard] = [] if rows is None else sorted(rows.fetchall(), key=lambda row: (row[0], row[1]))
+        return found
+
+
+def _expected(rows: list[dict]) -> dict[str, list[tuple]]:
+    return {shard: sorted((tuple(row[name] for name in SCHEMA.names) for row in rows if row["shard"] == shard),
+                          key=lambda row: (row[0], row[1])) for shard in SHARDS}
+
+
+def _row(random_: random.Random, number: int) -> dict:
+    return {"event_id": f"e{number:04d}", "dynamic": random_.random() < 0.5, "group": random_.randrange(5),
+            "score": float(random_.randrange(1000)) / 8, "embedding": [float(random_.randrange(9)) for _ in range(4)],
+            "shard": random_.choice(SHARDS)}
+
+
+def test_a_chain_of_increments_reads_and_fingerprints_as_one_whole_write(tmp_path):
+    """Thirty states, each a few rows added, removed, changed in place or moved to another
+    shard: each written as a delta on the one before (until the chain is folded), read back
+    in key order exactly as written whole, with the same fingerprints."""
+    random_ = random.Random(7)
+    rows = [_row(random_, number) for number in range(400)]
+    store, whole = ParquetStore(tmp_path / "chain"), ParquetStore(tmp_path / "whole")
+    previous, kinds, numbers = None, [], iter(range(400, 10**6))
+    for state in range(30):
+        if state:
+            for _ in range(random_.randrange(10, 60)):
+                action = random_.random()
+                if action < 0.4:
+                    rows.append(_row(random_, next(numbers)))
+                elif action < 0.6 and rows:
+                    rows.pop(random_.randrange(len(rows)))
+                elif action < 0.8 and rows:
+                    rows[random_.randrange(len(rows))]["score"] += 1.0
+                elif rows:
+                    rows[random_.randrange(len(rows))]["shard"] = random_.choice(SHARDS)
+        version = f"{state:02d}"
+        before = len(rows) if previous is None else before_rows
+        written = _write(store, version, rows, previous)
+        reference = _write(whole, version, rows, None)
+        assert not reference.delta
+        assert _read(store, version) == _expected(rows) == _read(whole, version)
+        assert written.parts == reference.parts
+        chain = read_chains(store, "step", version)["facts"]
+        assert written.keep == set(chain.segments) and chain.segments[-1] == version
+        assert len(chain.segments) <= MAX_SEGMENTS and sum(chain.delta_rows) <= DELTA_SHARE * before
+        kinds.append(written.delta)
+        previous, before_rows = version, len(rows)
+    assert kinds[0] is False and sum(kinds) >= 20  # mostly deltas
+    assert kinds.count(False) > len(kinds) // MAX_SEGMENTS + 1  # folded back into whole versions, not only when long
+
+
+def test_a_delta_writes_only_what_changed(tmp_path):
+    random_ = random.Random(3)
+    rows = [_row(random_, number) for number in range(1000)]
+    store = ParquetStore(tmp_path)
+    assert _write(store, "a", rows, None).rows == 1000
+    rows[5]["score"] += 1.0  # changed: its old row deleted, the new one written
+    del rows[9]  # deleted
+    rows.append(_row(random_, 5000))  # added
+    written = _write(store, "b", rows, "a")
+    assert written.delta and written.rows == 4 and written.keep == {"a", "b"}
+    assert _read(store, "b") == _expected(rows)
+    assert _read(store, "a") != _read(store, "b")  # the version it stands on is as it was
+
+
+def test_what_cannot_be_a_delta_is_written_whole(tmp_path):
+    """The same version again, a previous version whose segments are gone, and a key that
+    names two rows of a shard are each written whole, and read as written."""
+    random_ = random.Random(5)
+    rows = [_row(random_, number) for number in range(200)]
+    store = ParquetStore(tmp_path)
+    _write(store, "a", rows, None)
+    rows.append(_row(random_, 900))
+    assert _write(store, "b", rows, "a").delta
+    again = _write(store, "b", rows, "b")
+    assert not again.delta and again.keep == {"b"} and _read(store, "b") == _expected(rows)
+
+    rows.append(_row(random_, 901))
+    assert _write(store, "c", rows, "b").delta
+    store.delete_folder(store.parquet_root / "step" / "v=b")
+    rows.append(_row(random_, 902))
+    assert not _write(store, "d", rows, "c").delta
+    assert _read(store, "d") == _expected(rows)
+
+    twin = dict(rows[0], score=rows[0]["score"] + 1)  # the same key in the same shard, twice
+    doubled = rows + [twin]
+    written = _write(store, "e", doubled, "d")
+    assert not written.delta
+    assert sorted(_read(store, "e")[twin["shard"]]) == sorted(_expected(doubled)[twin["shard"]])
+
+
+def test_a_table_with_heavy_columns_is_hashed_by_what_stands_for_them_and_read_where_it_changed(tmp_path):
+    """A split that hashes a light column standing for its heavy ones (a source version for
+    the vector) is asked, through `rows_for`, for the changed rows' keys alone; a heavy column
+    that changed without its source is not seen (by design: the source stands for it)."""
+    random_ = random.Random(11)
+    rows = [dict(_row(random_, number), source="s1") for number in range(300)]
+    store = ParquetStore(tmp_path)
+    asked = []
+
+    def write(version: str, previous: str | None):
+        with duckdb.connect() as connection:
+            connection.register("given", pa.Table.from_pylist(rows))
+
+            def rows_for(wanted: str):
+                asked.append(sorted(connection.table(wanted).select("shard", "event_id", "dynamic").fetchall()))
+                return connection.sql(f"SELECT * FROM given SEMI JOIN {wanted} USING (shard, event_id, dynamic)")
+
+            split = SplitRows(connection.table("given"), hashed=("event_id", "dynamic", "group", "score", "source"),
+                              rows_for=rows_for).split("facts", SCHEMA, KEY)
+            return write_splits(store, connection, "step", version, [split], previous, SHARDS)
+
+    write("a", None)
+    assert asked == []  # a whole write reads every row once
+    rows[3]["embedding"], rows[3]["source"] = [9.0] * 4, "s2"  # its source changed: rewritten
+    rows[4]["embedding"] = [9.0] * 4  # the same source: taken as unchanged
+    rows.append(dict(_row(random_, 999), source="s1"))
+    assert write("b", "a").delta
+    assert asked == [sorted((row["shard"], row["event_id"], row["dynamic"]) for row in (rows[3], rows[-1]))]
+    stored = {row[0]: row for shard in _read(store, "b").values() for row in shard}
+    assert stored[rows[3]["event_id"]][-1] == [9.0] * 4 and stored[rows[4]["event_id"]][-1] != [9.0] * 4

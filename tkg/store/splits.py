@@ -1,0 +1,306 @@
+"""A global step's tables split by shard, stored as a chain of segments, so that a run whose
+rows barely changed writes what changed rather than every row again.
+
+A new quarter changes about as many rows of these tables as it adds events (about 5%): the
+facts, blocks and selections of the earlier quarters stay as they were. So a version of a split
+table is either
+- whole: every row, in `v=<version>/<table>/shard=<key>/`; or
+- a delta on the version before it: the rows that are new or changed (`<table>/shard=<key>/`)
+  and the hashes that name the earlier rows that are gone or changed (`<table>.deleted/shard=<key>/`).
+
+`v=<version>/chain.parquet` names, per table, its key and the versions a reader stacks (the
+whole one first, this one last). Each row carries two hashes, of its key and of its columns (or
+of what determines them, `Split.hashed`): together (128 bits) they name the row. A shard's rows
+are the rows of each segment that no later segment deleted; a key names at most one row in a
+shard. So the next run tells changed rows from unchanged ones, and a reader drops deleted rows,
+by joining integers, without reading the rows' columns. A shard's
+fingerprint is its rows' count and the sum of their row hashes, so it does not depend on how the
+rows came to be stored: a cold build writes one whole version, and the same rows after ten
+increments have the same fingerprint. Rows come in no set order either way (the shard steps sort
+what they compare). A chain is folded into a new whole version when it has `MAX_SEGMENTS`
+segments or its deltas hold more than `DELTA_SHARE` of the rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+import pyarrow as pa
+
+from tkg.core.ids import short_hash
+from tkg.store.parquet import ParquetStore
+
+ROW_HASH = "_row_hash"
+KEY_HASH = "_key_hash"
+IDENTITY = f"{KEY_HASH}, {ROW_HASH}"  # what names a row of a shard: two independent 64-bit hashes
+DELETED = ".deleted"
+CHAIN_FILE = "chain.parquet"
+MAX_SEGMENTS = 12
+DELTA_SHARE = 0.5
+_CHAIN = pa.schema([("table_name", pa.string()), ("key", pa.list_(pa.string())), ("segments", pa.list_(pa.string())),
+                    ("delta_rows", pa.list_(pa.int64()))])
+
+
+@dataclass(frozen=True)
+class Split:
+    """One table a step splits by shard: its rows (a DuckDB relation with a `shard` column),
+    the columns readers get, and the key that names a row within a shard.
+
+    A row's hash covers `hashed` (by default its columns). A table with heavy columns may
+    instead hash light ones that determine them (the facts hash the version of the partition
+    file their text and vector come from, not the vector), so that DuckDB never reads the
+    heavy columns of unchanged rows, and give `rows_for`: the rows (with `shard` and `hashed`)
+    of the (shard, key) pairs in the named table, read from only where they are."""
+
+    name: str
+    schema: pa.Schema
+    key: tuple[str, ...]
+    rows: Any
+    hashed: tuple[str, ...] = ()
+    rows_for: Callable[[str], Any] | None = None
+
+    @property
+    def hash_sql(self) -> str:
+        return f"hash({_quoted(self.hashed or tuple(self.schema.names))})"
+
+    @property
+    def key_hash_sql(self) -> str:  # another function of the key than the row hash's (a constant first)
+        return f"hash('key', {_quoted(self.key)})"
+
+
+@dataclass(frozen=True)
+class SplitRows:
+    """What a step gives for a table it splits (see `Split`): its rows, and optionally the
+    columns that stand for them in the row hash and how to read chosen rows from only where
+    they are."""
+
+    relation: Any
+    hashed: tuple[str, ...] = ()
+    rows_for: Callable[[str], Any] | None = None
+
+    def split(self, name: str, schema: pa.Schema, key: tuple[str, ...]) -> Split:
+        return Split(name, schema, key, self.relation, self.hashed, self.rows_for)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What a version of a split table stacks: its key, its segments (the whole one first) and
+    how many rows each segment wrote as a delta (0 for the whole one)."""
+
+    key: tuple[str, ...]
+    segments: tuple[str, ...]
+    delta_rows: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Written:
+    """A version written: each shard's fingerprint, the versions it stacks (the ones to keep),
+    whether it is a delta, and how many rows (and deleted keys) it wrote."""
+
+    parts: dict[str, str]
+    keep: set[str]
+    delta: bool
+    rows: int
+
+
+def chain_path(store: ParquetStore, asset: str, version: str) -> PurePath:
+    return store.parquet_root / asset / f"v={version}" / CHAIN_FILE
+
+
+def read_chains(store: ParquetStore, asset: str, version: str) -> dict[str, Chain]:
+    """The chain of each table of `version` ({} for a version written without one)."""
+    path = chain_path(store, asset, version)
+    if not store.is_file(path):
+        return {}
+    return {row["table_name"]: Chain(tuple(row["key"]), tuple(row["segments"]), tuple(row["delta_rows"]))
+            for row in store.read(path).to_pylist()}
+
+
+def _quoted(names: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(f'"{name}"' for name in names)
+
+
+def shard_files(store: ParquetStore, asset: str, version: str, table: str, shard: str) -> list[PurePath]:
+    """Every file a shard's rows of `table` are read from (its segments' rows and deletions)."""
+    chain = read_chains(store, asset, version).get(table)
+    segments = chain.segments if chain else (version,)
+    return [path for segment in segments for name in (table, table + DELETED)
+            for path in store.split_files(asset, segment, name, shard)]
+
+
+def shard_rows(store: ParquetStore, connection: Any, asset: str, version: str, table: str, shard: str,
+               columns: list[str]) -> Any | None:
+    """One shard's rows of a split table (a DuckDB relation over `columns`, in no set order:
+    the shard steps sort what they compare), or None when the shard has none."""
+    chain = read_chains(store, asset, version).get(table)
+    if chain is None:  # written whole, before chains: its files as they are
+        files = store.split_files(asset, version, table, shard)
+        return store.relation(connection, files).select(*columns) if files else None
+    parts = []
+    view = f"_split_{table}_{shard}"
+    for number, segment in enumerate(chain.segments):
+        files = store.split_files(asset, segment, table, shard)
+        if not files:
+            continue
+        store.relation(connection, files).create_view(f"{view}_{number}", replace=True)
+        select = f"SELECT {_quoted(columns)} FROM {view}_{number}"
+        deleted = [path for later in chain.segments[number + 1:]
+                   for path in store.split_files(asset, later, table + DELETED, shard)]
+        if deleted:
+            store.relation(connection, deleted).create_view(f"{view}_{number}_deleted", replace=True)
+            select += f" ANTI JOIN {view}_{number}_deleted USING ({IDENTITY})"
+        parts.append(select)
+    if not parts:
+        return None
+    return connection.sql(" UNION ALL ".join(parts))
+
+
+def _usable_chains(store: ParquetStore, asset: str, splits: list[Split], previous: str | None,
+                   version: str) -> dict[str, Chain] | None:
+    """The previous version's chains, if the new version can stand on them: every table has
+    one with the same key and columns, none already names the new version, and every version
+    they stack is there."""
+    if previous is None or previous == version:
+        return None
+    chains = read_chains(store, asset, previous)
+    for split in splits:
+        chain = chains.get(split.name)
+        if chain is None or chain.key != split.key or version in chain.segments:
+            return None
+    segments = {segment for chain in chains.values() for segment in chain.segments}
+    if any(not store.is_file(chain_path(store, asset, segment)) for segment in segments):
+        return None
+    return chains
+
+
+def _previous_hashes(store: ParquetStore, connection: Any, asset: str, split: Split, chain: Chain,
+                     shard_keys: list[str]) -> None:
+    """Temp table `_before_<name>`: (shard, key hash, row hash) of every row of the previous version."""
+    selects = []
+    for shard in shard_keys:
+        rows = shard_rows(store, connection, asset, chain.segments[-1], split.name, shard, [KEY_HASH, ROW_HASH])
+        if rows is not None:
+            rows.create_view(f"_before_{split.name}_{shard}", replace=True)
+            selects.append(f"SELECT '{shard}' AS shard, * FROM _before_{split.name}_{shard}")
+    query = " UNION ALL ".join(selects) or f"SELECT * FROM _now_{split.name} WHERE false"
+    connection.execute(f"CREATE OR REPLACE TEMP TABLE _before_{split.name} AS {query}")
+
+
+def _batches(relation: Any, schema: pa.Schema) -> pa.RecordBatchReader:
+    """A relation's rows as batches of `schema` (the file's columns and types)."""
+    reader = relation.select(*(f'"{name}"' for name in schema.names)).fetch_arrow_reader(batch_size=65536)
+    return pa.RecordBatchReader.from_batches(schema, (batch.cast(schema) for batch in reader))
+
+
+def _with(schema: pa.Schema, *fields: tuple[str, pa.DataType]) -> pa.Schema:
+    for name, kind in fields:
+        schema = schema.append(pa.field(name, kind))
+    return schema
+
+
+def write_splits(store: ParquetStore, connection: Any, asset: str, version: str, splits: list[Split],
+                 previous: str | None, shard_keys: list[str]) -> Written:
+    """Write a version of `asset`'s split tables: a delta on `previous` (the version the store
+    holds now) when it can stand on it and the chain stays small, else whole.
+
+    A row is unchanged when a row of the previous version in its shard has the same key hash
+    and row hash (two independent 64-bit hashes; the row hash covers the key or what stands
+    for it). Files keep both hashes, so telling changed rows apart joins integers and reads no
+    column but the keys of the previous version."""
+    chains = _usable_chains(store, asset, splits, previous, version)
+    for split in splits:
+        split.rows.create_view(f"_rows_{split.name}", replace=True)
+    delta = chains is not None
+    if delta:
+        for split in splits:
+            connection.execute(f"""CREATE OR REPLACE TEMP TABLE _now_{split.name} AS
+                                   SELECT shard, {split.key_hash_sql} AS {KEY_HASH}, {split.hash_sql} AS {ROW_HASH}
+                                   FROM _rows_{split.name}""")
+            # a key naming two rows of a shard cannot be a delta's (a false alarm only writes whole)
+            unique = connection.execute(f"SELECT count(*) = count(DISTINCT (shard, {KEY_HASH})) "
+                                        f"FROM _now_{split.name}").fetchall()[0][0]
+            delta = delta and unique
+    if delta:
+        changed = before = 0
+        for split in splits:
+            _previous_hashes(store, connection, asset, split, chains[split.name], shard_keys)
+            same = f"USING (shard, {IDENTITY})"
+            connection.execute(f"CREATE OR REPLACE TEMP TABLE _new_{split.name} AS "
+                               f"SELECT * FROM _now_{split.name} ANTI JOIN _before_{split.name} {same}")
+            connection.execute(f"CREATE OR REPLACE TEMP TABLE _gone_{split.name} AS "
+                               f"SELECT * FROM _before_{split.name} ANTI JOIN _now_{split.name} {same}")
+            before += _count(connection, f"_before_{split.name}")
+            changed += (_count(connection, f"_new_{split.name}") + _count(connection, f"_gone_{split.name}")
+                        + sum(chains[split.name].delta_rows))
+        delta = len(chains[splits[0].name].segments) < MAX_SEGMENTS and changed <= DELTA_SHARE * before
+    new_chains, rows_written = {}, 0
+    for split in splits:
+        folder = store.split_folder(asset, version, split.name)
+        file_schema = _with(split.schema, (KEY_HASH, pa.uint64()), (ROW_HASH, pa.uint64()), ("shard", pa.string()))
+        if delta:
+            # the keys of the new rows: a pass over the rows' key columns alone
+            key = _quoted(split.key)
+            connection.execute(f"""CREATE OR REPLACE TEMP TABLE _wanted_{split.name} AS
+                                   SELECT r.shard, {key}, n.{KEY_HASH}, n.{ROW_HASH}
+                                   FROM (SELECT shard, {key}, {split.key_hash_sql} AS {KEY_HASH} FROM _rows_{split.name}) r
+                                   JOIN _new_{split.name} n USING (shard, {KEY_HASH})""")
+            source = f"_rows_{split.name}"
+            if split.rows_for is not None:
+                split.rows_for(f"_wanted_{split.name}").create_view(f"_rows_for_{split.name}", replace=True)
+                source = f"_rows_for_{split.name}"
+            rows = connection.sql(f"SELECT r.*, n.{KEY_HASH}, n.{ROW_HASH} FROM {source} r "
+                                  f"JOIN _wanted_{split.name} n USING (shard, {key})")
+            store.write_split(folder, _batches(rows, file_schema))
+            gone_schema = pa.schema([(KEY_HASH, pa.uint64()), (ROW_HASH, pa.uint64()), ("shard", pa.string())])
+            store.write_split(store.split_folder(asset, version, split.name + DELETED),
+                              _batches(connection.table(f"_gone_{split.name}"), gone_schema))
+            written = _count(connection, f"_new_{split.name}") + _count(connection, f"_gone_{split.name}")
+            chain = chains[split.name]
+            new_chains[split.name] = Chain(split.key, (*chain.segments, version), (*chain.delta_rows, written))
+            rows_written += written
+        else:
+            rows = connection.sql(f"SELECT *, {split.key_hash_sql} AS {KEY_HASH}, {split.hash_sql} AS {ROW_HASH} "
+                                  f"FROM _rows_{split.name}")
+            store.write_split(folder, _batches(rows, file_schema))
+            store.delete_folder(store.split_folder(asset, version, split.name + DELETED))
+            new_chains[split.name] = Chain(split.key, (version,), (0,))
+    store.write(chain_path(store, asset, version), pa.table({
+        "table_name": list(new_chains), "key": [list(chain.key) for chain in new_chains.values()],
+        "segments": [list(chain.segments) for chain in new_chains.values()],
+        "delta_rows": [list(chain.delta_rows) for chain in new_chains.values()]}, schema=_CHAIN))
+    parts, rows = _fingerprints(store, connection, asset, version, splits, shard_keys, delta)
+    keep = {segment for chain in new_chains.values() for segment in chain.segments}
+    return Written(parts, keep, delta, rows_written if delta else rows)
+
+
+def _fingerprints(store: ParquetStore, connection: Any, asset: str, version: str, splits: list[Split],
+                  shard_keys: list[str], delta: bool) -> tuple[dict[str, str], int]:
+    """Each shard's fingerprint (shards without rows left out), and the rows of every shard:
+    per table, its row count and the sum of its rows' hashes, so the same rows give the same
+    fingerprint however they are stored."""
+    sums: dict[str, list[str]] = {}
+    total_rows = 0
+    for split in splits:
+        if delta:
+            totals = connection.execute(f"SELECT shard, count(*), sum({ROW_HASH}) FROM _now_{split.name} "
+                                        "GROUP BY shard").fetchall()
+        else:
+            totals = []
+            for shard in shard_keys:
+                files = store.split_files(asset, version, split.name, shard)
+                if files:
+                    store.relation(connection, files).create_view("_written_rows", replace=True)
+                    totals.append((shard, *connection.execute(
+                        f"SELECT count(*), sum({ROW_HASH}) FROM _written_rows").fetchall()[0]))
+        for shard, rows, total in totals:
+            if rows:
+                sums.setdefault(shard, []).append(f"{split.name}:{rows}:{total}")
+                total_rows += rows
+    return {shard: short_hash("|".join(sums[shard])) for shard in shard_keys if shard in sums}, total_rows
+
+
+def _count(connection: Any, table: str) -> int:
+    return connection.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
