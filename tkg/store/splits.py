@@ -98,7 +98,7 @@ class Chain:
 @dataclass(frozen=True)
 class Written:
     """A version written: each shard's fingerprint, the versions it stacks (the ones to keep),
-    whether it is a delta, and how many rows (and deleted keys) it wrote."""
+    whether it is a delta, and how many rows it wrote (with the deleted ones, for a delta)."""
 
     parts: dict[str, str]
     keep: set[str]
