@@ -49,7 +49,7 @@ from tkg.ingest.parsing import SourceRow
 from tkg.llm.wire import RequestFailed
 from tkg.providers import Providers, fingerprints, open_providers
 from tkg.settings import Settings, size_in_bytes
-from tkg.store.parquet import ParquetStore
+from tkg.store.parquet import ParquetStore, relation_batches
 from tkg.store.splits import SplitRows, shard_files, write_splits
 
 
@@ -377,6 +377,4 @@ def _conformed(output: Any, schema: pa.Schema, stamp: Stamp | None) -> pa.Table 
     a DuckDB relation."""
     if isinstance(output, pa.Table):
         return stamped(output.cast(schema), stamp) if stamp else output.cast(schema)
-    target = stamped(schema.empty_table(), stamp).schema if stamp else schema
-    reader = output.fetch_arrow_reader(batch_size=65536)
-    return pa.RecordBatchReader.from_batches(target, (batch.cast(target) for batch in reader))
+    return relation_batches(output, stamped(schema.empty_table(), stamp).schema if stamp else schema)

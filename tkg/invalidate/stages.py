@@ -55,6 +55,7 @@ from tkg.invalidate.positions import (
 from tkg.invalidate.retention import retention_settings, score_facts
 from tkg.invalidate.revisions import FigureRevisions, revise_figures
 from tkg.store.manifest import scan, stamped_files
+from tkg.store.parquet import partition_of
 from tkg.store.splits import SplitRows, shard_rows
 from tkg.store.warehouse import apply_model, model
 
@@ -159,11 +160,9 @@ def _partition_versions(job: StageJob) -> pa.Table:
     (a file without a stamp gets a source of its own each time, so its rows always count as changed)."""
     companies, quarters, sources = [], [], []
     for listed in stamped_files(job.store, ["temporal_events"]):
-        parts = dict(part.split("=", 1) for part in listed.path.split("/")[1:-1] if "=" in part)
-        if "company" not in parts or "quarter" not in parts:
-            continue
-        companies.append(parts["company"])
-        quarters.append(date.fromisoformat(parts["quarter"]))
+        company, quarter = partition_of(listed.path)
+        companies.append(company)
+        quarters.append(date.fromisoformat(quarter))
         sources.append(listed.stamp.version if listed.stamp is not None else f"unstamped:{uuid.uuid4()}")
     return pa.table({"company": pa.array(companies, pa.string()), "quarter": pa.array(quarters, pa.date32()),
                      "source": pa.array(sources, pa.string())})

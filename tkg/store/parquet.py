@@ -126,6 +126,23 @@ def _glob_regex(pattern: str) -> re.Pattern:
     return re.compile("".join(parts) + r"\Z")
 
 
+_PARTITION = re.compile(r"/company=([^/]+)/quarter=(\d{4}-\d{2}-\d{2})/")
+
+
+def partition_of(path: str) -> tuple[str, str]:
+    """The (company, quarter) of a partition file's path (as the store names it, or relative)."""
+    found = _PARTITION.search(path)
+    if found is None:
+        raise ValueError(f"{path} is not in a company=/quarter= folder")
+    return found[1], found[2]
+
+
+def relation_batches(relation: duckdb.DuckDBPyRelation, schema: pa.Schema) -> pa.RecordBatchReader:
+    """A relation's columns of `schema`, streamed as batches cast to it (never held whole)."""
+    reader = relation.select(*(f'"{name}"' for name in schema.names)).fetch_arrow_reader(batch_size=65536)
+    return pa.RecordBatchReader.from_batches(schema, (batch.cast(schema) for batch in reader))
+
+
 class ParquetStore:
     """Reads and writes the Parquet system of record: a local folder (`<home>/parquet`) or an
     object store (TKG_STORAGE=s3://bucket/prefix).

@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from tkg.core.ids import short_hash
-from tkg.store.parquet import ParquetStore
+from tkg.store.parquet import ParquetStore, relation_batches
 
 ROW_HASH = "_row_hash"
 KEY_HASH = "_key_hash"
@@ -123,10 +123,15 @@ def _quoted(names: tuple[str, ...] | list[str]) -> str:
     return ", ".join(f'"{name}"' for name in names)
 
 
+def _segments(store: ParquetStore, asset: str, version: str, table: str) -> tuple[str, ...]:
+    """The versions a reader of `table` at `version` stacks (the version alone when it has no chain)."""
+    chain = read_chains(store, asset, version).get(table)
+    return chain.segments if chain else (version,)
+
+
 def shard_files(store: ParquetStore, asset: str, version: str, table: str, shard: str) -> list[PurePath]:
     """Every file a shard's rows of `table` are read from (its segments' rows and deletions)."""
-    chain = read_chains(store, asset, version).get(table)
-    segments = chain.segments if chain else (version,)
+    segments = _segments(store, asset, version, table)
     return [path for segment in segments for name in (table, table + DELETED)
             for path in store.split_files(asset, segment, name, shard)]
 
@@ -135,19 +140,16 @@ def shard_rows(store: ParquetStore, connection: Any, asset: str, version: str, t
                columns: list[str]) -> Any | None:
     """One shard's rows of a split table (a DuckDB relation over `columns`, in no set order:
     the shard steps sort what they compare), or None when the shard has none."""
-    chain = read_chains(store, asset, version).get(table)
-    if chain is None:  # written whole, before chains: its files as they are
-        files = store.split_files(asset, version, table, shard)
-        return store.relation(connection, files).select(*columns) if files else None
+    segments = _segments(store, asset, version, table)
     parts = []
     view = f"_split_{table}_{shard}"
-    for number, segment in enumerate(chain.segments):
+    for number, segment in enumerate(segments):
         files = store.split_files(asset, segment, table, shard)
         if not files:
             continue
         store.relation(connection, files).create_view(f"{view}_{number}", replace=True)
         select = f"SELECT {_quoted(columns)} FROM {view}_{number}"
-        deleted = [path for later in chain.segments[number + 1:]
+        deleted = [path for later in segments[number + 1:]
                    for path in store.split_files(asset, later, table + DELETED, shard)]
         if deleted:
             store.relation(connection, deleted).create_view(f"{view}_{number}_deleted", replace=True)
@@ -189,12 +191,6 @@ def _previous_hashes(store: ParquetStore, connection: Any, asset: str, split: Sp
     connection.execute(f"CREATE OR REPLACE TEMP TABLE _before_{split.name} AS {query}")
 
 
-def _batches(relation: Any, schema: pa.Schema) -> pa.RecordBatchReader:
-    """A relation's rows as batches of `schema` (the file's columns and types)."""
-    reader = relation.select(*(f'"{name}"' for name in schema.names)).fetch_arrow_reader(batch_size=65536)
-    return pa.RecordBatchReader.from_batches(schema, (batch.cast(schema) for batch in reader))
-
-
 def _with(schema: pa.Schema, *fields: tuple[str, pa.DataType]) -> pa.Schema:
     for name, kind in fields:
         schema = schema.append(pa.field(name, kind))
@@ -223,6 +219,7 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
             unique = connection.execute(f"SELECT count(*) = count(DISTINCT (shard, {KEY_HASH})) "
                                         f"FROM _now_{split.name}").fetchall()[0][0]
             delta = delta and unique
+    delta_rows: dict[str, int] = {}  # per table, the rows a delta writes (new, and deleted)
     if delta:
         changed = before = 0
         for split in splits:
@@ -233,10 +230,10 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
             connection.execute(f"CREATE OR REPLACE TEMP TABLE _gone_{split.name} AS "
                                f"SELECT * FROM _before_{split.name} ANTI JOIN _now_{split.name} {same}")
             before += _count(connection, f"_before_{split.name}")
-            changed += (_count(connection, f"_new_{split.name}") + _count(connection, f"_gone_{split.name}")
-                        + sum(chains[split.name].delta_rows))
+            delta_rows[split.name] = _count(connection, f"_new_{split.name}") + _count(connection, f"_gone_{split.name}")
+            changed += delta_rows[split.name] + sum(chains[split.name].delta_rows)
         delta = len(chains[splits[0].name].segments) < MAX_SEGMENTS and changed <= DELTA_SHARE * before
-    new_chains, rows_written = {}, 0
+    new_chains = {}
     for split in splits:
         folder = store.split_folder(asset, version, split.name)
         file_schema = _with(split.schema, (KEY_HASH, pa.uint64()), (ROW_HASH, pa.uint64()), ("shard", pa.string()))
@@ -253,18 +250,16 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
                 source = f"_rows_for_{split.name}"
             rows = connection.sql(f"SELECT r.*, n.{KEY_HASH}, n.{ROW_HASH} FROM {source} r "
                                   f"JOIN _wanted_{split.name} n USING (shard, {key})")
-            store.write_split(folder, _batches(rows, file_schema))
+            store.write_split(folder, relation_batches(rows, file_schema))
             gone_schema = pa.schema([(KEY_HASH, pa.uint64()), (ROW_HASH, pa.uint64()), ("shard", pa.string())])
             store.write_split(store.split_folder(asset, version, split.name + DELETED),
-                              _batches(connection.table(f"_gone_{split.name}"), gone_schema))
-            written = _count(connection, f"_new_{split.name}") + _count(connection, f"_gone_{split.name}")
+                              relation_batches(connection.table(f"_gone_{split.name}"), gone_schema))
             chain = chains[split.name]
-            new_chains[split.name] = Chain(split.key, (*chain.segments, version), (*chain.delta_rows, written))
-            rows_written += written
+            new_chains[split.name] = Chain(split.key, (*chain.segments, version), (*chain.delta_rows, delta_rows[split.name]))
         else:
             rows = connection.sql(f"SELECT *, {split.key_hash_sql} AS {KEY_HASH}, {split.hash_sql} AS {ROW_HASH} "
                                   f"FROM _rows_{split.name}")
-            store.write_split(folder, _batches(rows, file_schema))
+            store.write_split(folder, relation_batches(rows, file_schema))
             store.delete_folder(store.split_folder(asset, version, split.name + DELETED))
             new_chains[split.name] = Chain(split.key, (version,), (0,))
     store.write(chain_path(store, asset, version), pa.table({
@@ -273,7 +268,7 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
         "delta_rows": [list(chain.delta_rows) for chain in new_chains.values()]}, schema=_CHAIN))
     parts, rows = _fingerprints(store, connection, asset, version, splits, shard_keys, delta)
     keep = {segment for chain in new_chains.values() for segment in chain.segments}
-    return Written(parts, keep, delta, rows_written if delta else rows)
+    return Written(parts, keep, delta, sum(delta_rows.values()) if delta else rows)
 
 
 def _fingerprints(store: ParquetStore, connection: Any, asset: str, version: str, splits: list[Split],

@@ -36,7 +36,7 @@ from tkg.core.ids import short_version
 from tkg.core.paths import sql_dir
 from tkg.core.versions import Stamp
 from tkg.store.manifest import scan
-from tkg.store.parquet import ParquetStore, temporary_path
+from tkg.store.parquet import ParquetStore, partition_of, temporary_path
 
 
 @dataclass(frozen=True)
@@ -180,16 +180,6 @@ def _load_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: R
     connection.unregister("empty")
 
 
-_PARTITION = re.compile(r"/company=([^/]+)/quarter=(\d{4}-\d{2}-\d{2})/")
-
-
-def _partition_of(path: str) -> tuple[str, str]:
-    found = _PARTITION.search(path)
-    if found is None:
-        raise ValueError(f"{path} is not in a company=/quarter= folder")
-    return found[1], found[2]
-
-
 def _same_columns(connection: duckdb.DuckDBPyConnection, raw: RawTable) -> bool:
     """Whether the published table has exactly the columns, and types, of today's schema."""
     def columns(relation: str) -> list[tuple[str, str]]:
@@ -213,14 +203,14 @@ def _update_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw:
     changed = [path for path, identity in now.items() if before.get(path) != identity]
     gone = set(before) - set(now)
     partitioned = raw.file is None and raw.pattern is None
-    touched = sorted({_partition_of(path) for path in (*changed, *gone)}) if partitioned else []
+    touched = sorted({partition_of(path) for path in (*changed, *gone)}) if partitioned else []
     if partitioned and same_columns and len(touched) * 2 <= max(len(now), 1):
         connection.register("touched", pa.table({"company": [company for company, _ in touched],
                                                  "quarter": [date.fromisoformat(quarter) for _, quarter in touched]}))
         connection.execute(f"DELETE FROM raw.{raw.name} AS t USING touched AS p WHERE t.company = p.company AND t.quarter = p.quarter")
         connection.unregister("touched")
         replaced = set(touched)
-        rebuilt = {store.absolute(path): size for path, (size, _) in now.items() if _partition_of(path) in replaced}
+        rebuilt = {store.absolute(path): size for path, (size, _) in now.items() if partition_of(path) in replaced}
         try:
             _insert_files(connection, store, raw, rebuilt)
             return f"{len(touched)} partition(s) replaced"
