@@ -37,13 +37,14 @@ def _runtime(home: Path, shards: int) -> Runtime:
 
 def _graph(home: Path) -> dict[str, list[tuple]]:
     """The global half's tables, each sorted; of the canonical entities, the live ones (an id a
-    merge retired stays in the registry, with `merged_into`, for whoever stored it)."""
+    merge retired stays in the registry, with `merged_into`, for whoever stored it, and so does
+    an id whose mentions were all withdrawn, with no mention)."""
     store = ParquetStore(home)
     graph = {}
     for stage, table in GRAPH_TABLES:
         rows = store.read(store.global_path(stage, table)).to_pylist()
         if table == "canonical_entities":
-            rows = [row for row in rows if row["merged_into"] is None]
+            rows = [row for row in rows if row["merged_into"] is None and row["mention_count"] > 0]
         graph[f"{stage}.{table}"] = sorted(tuple(row.values()) for row in rows)
     return graph
 
@@ -233,21 +234,31 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     """Each block's ranks and each pair's verdict are kept from the last build when their
     inputs did not change; a block the new quarter only adds to ranks only its new pairs; the
     other blocks and pairs it touches are recomputed. The
-    increment's tables equal a cold build's on the same partitions, row for row and in order."""
-    newest = max(path.name for path in (two_companies / "parquet" / "transcripts").glob("company=*/quarter=*"))
+    increment's tables equal a cold build's on the same partitions, row for row and in order.
+    The increment also withdraws one earlier call, whose facts leave their blocks."""
+    calls = sorted((two_companies / "parquet" / "transcripts").glob("company=*/quarter=*"))
+    newest = max(path.name for path in calls)
+    withdrawn = calls[0].relative_to(two_companies / "parquet" / "transcripts")
     home = tmp_path / "home"
     shutil.copytree(two_companies, home, ignore=lambda folder, names: [name for name in names if name == newest])
     finish_graph(_runtime(home, 3))
     for folder in (two_companies / "parquet").glob(f"*/company=*/{newest}"):
         shutil.copytree(folder, home / folder.relative_to(two_companies))
+    for folder in (home / "parquet").glob(f"*/{withdrawn}"):
+        shutil.rmtree(folder)
 
     report = finish_graph(_runtime(home, 3))
     assert report.counts["blocks_kept"] > report.counts["blocks_grown"] > 0  # grown: only the new pairs ranked
     assert report.counts["pairs_kept"] > report.counts["pairs_judged_now"] > 0
+    # selected again: only the incoming facts whose ranks changed in some shard
+    assert 0 < report.counts["reselected_incoming"] <= report.counts["incoming_changed"]
 
     cold = _copy(two_companies, tmp_path / "cold")
+    for folder in (cold / "parquet").glob(f"*/{withdrawn}"):
+        shutil.rmtree(folder)
     cold_report = finish_graph(_runtime(cold, 3))
     assert cold_report.counts["blocks_kept"] == cold_report.counts["blocks_grown"] == cold_report.counts["pairs_kept"] == 0
+    assert cold_report.counts["reselected_incoming"] == -1  # every fact selected
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert increment.keys() == built.keys() and len(built) == 3 * len(MEMOISED_TABLES)
     assert [name for name in built if not increment[name].equals(built[name])] == []

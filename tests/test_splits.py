@@ -8,9 +8,10 @@ import random
 
 import duckdb
 import pyarrow as pa
+import pytest
 
 from tkg.store.parquet import ParquetStore
-from tkg.store.splits import DELTA_SHARE, MAX_SEGMENTS, Split, SplitRows, read_chains, shard_rows, write_splits
+from tkg.store.splits import DELTA_SHARE, MAX_SEGMENTS, Replaced, Split, SplitRows, read_chains, shard_rows, write_splits
 
 SHARDS = ["00", "01", "02"]
 SCHEMA = pa.schema([("event_id", pa.string()), ("dynamic", pa.bool_()), ("group", pa.int8()),
@@ -93,6 +94,61 @@ def test_a_delta_writes_only_what_changed(tmp_path):
     assert written.delta and written.rows == 4 and written.keep == {"a", "b"}
     assert _read(store, "b") == _expected(rows)
     assert _read(store, "a") != _read(store, "b")  # the version it stands on is as it was
+
+
+def _write_replacing(store: ParquetStore, version: str, rows: list[dict], changed: set[str], previous: str | None):
+    """Write the rows of the events in `changed` alone, as replacing theirs in `previous`."""
+    with duckdb.connect() as connection:
+        given = pa.Table.from_pylist([row for row in rows if row["event_id"] in changed],
+                                     schema=SCHEMA.append(pa.field("shard", pa.string())))
+        connection.register("changed_events", pa.table({"event_id": pa.array(sorted(changed), pa.string())}))
+        split = Split("facts", SCHEMA, KEY, connection.from_arrow(given), replaces=Replaced("event_id", "changed_events"))
+        return write_splits(store, connection, "step", version, [split], previous, SHARDS)
+
+
+def test_rows_given_for_the_groups_that_changed_read_and_fingerprint_as_a_whole_write(tmp_path):
+    """Twenty-four states, each written from the rows of the events that changed alone (added,
+    removed, changed in place, moved to another shard, or given again unchanged): read back
+    exactly as every row written whole, with the same fingerprints; big changes fold the
+    chain into a whole version built from the last version's other rows."""
+    random_ = random.Random(11)
+    rows = [_row(random_, number) for number in range(300)]
+    store, whole = ParquetStore(tmp_path / "chain"), ParquetStore(tmp_path / "whole")
+    _write(store, "00", rows, None)
+    previous, kinds, numbers = "00", [], iter(range(300, 10**6))
+    for state in range(1, 25):
+        changed = set()
+        for _ in range(random_.randrange(5, 30) if state % 6 else 200):
+            action = random_.random()
+            if action < 0.3:
+                rows.append(_row(random_, next(numbers)))
+                changed.add(rows[-1]["event_id"])
+            elif action < 0.45 and rows:
+                changed.add(rows.pop(random_.randrange(len(rows)))["event_id"])
+            elif rows:
+                row = rows[random_.randrange(len(rows))]
+                if action < 0.65:
+                    row["score"] += 1.0
+                elif action < 0.8:
+                    row["shard"] = random_.choice(SHARDS)
+                elif action < 0.9:
+                    row["dynamic"] = not row["dynamic"]  # another key in the same group
+                changed.add(row["event_id"])  # else given again as it was
+        version = f"{state:02d}"
+        written = _write_replacing(store, version, rows, changed, previous)
+        reference = _write(whole, version, rows, None)
+        assert _read(store, version) == _expected(rows) == _read(whole, version)
+        assert written.parts == reference.parts
+        kinds.append(written.delta)
+        previous = version
+    assert 0 < sum(kinds) < len(kinds)  # deltas, and folds
+
+
+def test_rows_that_replace_groups_need_the_group_in_their_key_and_a_last_version(tmp_path):
+    with pytest.raises(ValueError, match="'group', which is not in its key"):
+        Split("facts", SCHEMA, KEY, None, replaces=Replaced("group", "groups"))
+    with pytest.raises(ValueError, match="replace groups of a last version, and there is none"):
+        _write_replacing(ParquetStore(tmp_path), "a", [], set(), None)
 
 
 def test_what_cannot_be_a_delta_is_written_whole(tmp_path):

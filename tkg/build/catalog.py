@@ -172,18 +172,21 @@ STAGES: tuple[Stage, ...] = (
         "candidate_ranks", "invalidation",
         "One shard's blocks swept in time: for each incoming fact, its best candidate facts per type (cosine, time "
         "overlap, a shared entity), cut to the top k in each block; a block whose members did not change keeps its ranks, "
-        "and one that only gained members ranks only the pairs with a new one.",
+        "and one that only gained members ranks only the pairs with a new one. It names the incoming facts whose ranks "
+        "changed since its last output (rank_changes), so the selection redoes only theirs.",
         code_version=lambda f: f"{INVALIDATION_VERSION}:{f.policy}", compute=invalidate.candidate_ranks,
         inputs=("fact_blocks",), kind="shard", published=False,
-        tables=(Table("ranked_members", tables.RANKED_MEMBERS), Table("candidate_ranks", tables.CANDIDATE_RANKS))),
+        tables=(Table("ranked_members", tables.RANKED_MEMBERS), Table("rank_changes", tables.RANK_CHANGES),
+                Table("candidate_ranks", tables.CANDIDATE_RANKS))),
     Stage(
         "candidate_selection", "invalidation",
         "Every shard's ranks merged: each incoming fact's top k candidate facts over all its blocks, each sent to the "
-        "shard of the smallest block that holds both, which pairs them; written as a delta on the last version when "
-        "few rows changed.",
+        "shard of the smallest block that holds both, which pairs them. Only the incoming facts whose ranks changed in "
+        "some shard since the last selection are selected again; written as a delta on the last version when few rows "
+        "changed.",
         code_version=lambda f: f"{INVALIDATION_VERSION}:{f.policy}:{f.shards}", compute=invalidate.candidate_selection,
         inputs=("candidate_ranks",), kind="global", published=False,
-        tables=(Table("candidate_selection", tables.SHARD_SUMMARY),),
+        tables=(Table("ranks_read", tables.RANKS_READ), Table("candidate_selection", tables.SHARD_SUMMARY)),
         shard_tables=(Table("selected", tables.CANDIDATE_RANKS, key=("incoming_event_id", "candidate_dynamic", "fact_key")),)),
     Stage(
         "judged_pairs", "invalidation",

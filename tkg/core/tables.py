@@ -147,6 +147,11 @@ CANDIDATE_RANKS = pa.schema([
 # The block members a shard's candidate ranks cover, each with a fingerprint of its fact.
 RANKED_MEMBERS = pa.schema([("canonical_id", pa.string()), ("predicate_group", pa.int8()), ("event_id", pa.string()),
                             ("fingerprint", pa.uint64())])
+# The incoming events whose candidate ranks in a shard differ from the shard's last output
+# (`since_version`, its version); a row without an event names that version even when none did.
+RANK_CHANGES = pa.schema([("since_version", pa.string()), ("incoming_event_id", pa.string())])
+# The version of each shard's candidate ranks a selection read.
+RANKS_READ = pa.schema([("shard", pa.string()), ("version", pa.string())])
 # Each judge pair of a shard with a fingerprint of what its verdict depends on.
 JUDGED_PAIRS = pa.schema([("primary_event_id", pa.string()), ("secondary_event_id", pa.string()), ("fingerprint", pa.string())])
 # A primary event's earliest retirer in one shard.

@@ -447,8 +447,7 @@ SELECT_RANKED_SQL = """
     SELECT incoming_event_id, candidate_dynamic, fact_key, cosine, block.e AS block_entity, block.g AS block_group,
            predicate_group
     FROM best
-    QUALIFY row_number() OVER (PARTITION BY incoming_event_id, candidate_dynamic ORDER BY cosine DESC, fact_key) <= $top_k
-    ORDER BY incoming_event_id, candidate_dynamic, fact_key"""
+    QUALIFY row_number() OVER (PARTITION BY incoming_event_id, candidate_dynamic ORDER BY cosine DESC, fact_key) <= $top_k"""
 
 
 MERGE_RANKS_SQL = """
@@ -471,7 +470,8 @@ def select_ranked(connection, ranks: str, top_k: int = 10):
     """Phase 2: the ranks of every shard (the relation or view named `ranks` on `connection`)
     cut to each incoming event's top_k facts per candidate type overall, ties on the fact key;
     each fact with its best cosine, its smallest block (the shard that pairs it) and smallest
-    group. A DuckDB relation: it runs out of core."""
+    group. A DuckDB relation, in no set order (its readers pair the rows whatever their order,
+    and sorting them costs more than choosing them): it runs out of core."""
     return connection.sql(SELECT_RANKED_SQL.replace("{ranks}", ranks), params={"top_k": top_k})
 
 

@@ -6,16 +6,19 @@ once per shard, on that shard's rows alone (one process, its memory bounded by i
 
     fact_blocks (global)        the facts, their blocks and shards; each shard's facts, block
                                 members and canonical triplets written in a folder of its own
-    candidate_ranks (shard)     rank: each incoming fact's best candidate facts in the shard
+    candidate_ranks (shard)     rank: each incoming fact's best candidate facts in the shard,
+                                and which incoming facts' ranks changed since its last output
     candidate_selection (global) select: each incoming fact's top k over every shard, sent to
                                 the shard of the smallest block holding both (the exact merge of
-                                an event whose blocks span shards)
+                                an event whose blocks span shards); only the facts whose ranks
+                                changed are selected again
     judged_pairs (shard)        pair and judge: each primary's earliest retirer in the shard
     invalidated_events (global) retire: the earliest retirer over every shard (the exact merge
                                 of a primary judged in several shards), and figure revisions
 
 Set work (joins, blocking, the merges) runs as DuckDB SQL that spills to disk past the step's
-memory (TKG_STEP_MEMORY); embeddings are read only by the shard steps, for their shard. An
+memory (TKG_STEP_MEMORY); embeddings are read only by the shard steps, for the facts they
+compare (a block whose members did not change is told so by the hashes of their rows). An
 entity merge or split in resolution moves facts between blocks, and so between shards:
 `fact_blocks` recomputes every block from the current canonical ids, so a moved fact is
 compared in its new blocks and nowhere else. Results never depend on the number of shards.
@@ -56,11 +59,11 @@ from tkg.invalidate.retention import retention_settings, score_facts
 from tkg.invalidate.revisions import FigureRevisions, revise_figures
 from tkg.store.manifest import scan, stamped_files
 from tkg.store.parquet import partition_of
-from tkg.store.splits import SplitRows, shard_rows
+from tkg.store.splits import ROW_HASH, Replaced, SplitRows, shard_rows
 from tkg.store.warehouse import apply_model, model
 
 # Bump when the phases change how they split, rank, select or pair.
-INVALIDATION_VERSION = "sharded-invalidation-4"
+INVALIDATION_VERSION = "sharded-invalidation-5"
 # Bump when the rules of tkg.invalidate.positions change.
 POSITIONS_VERSION = "positions-8"
 
@@ -187,14 +190,18 @@ def candidate_ranks(job: StageJob) -> StageResult:
       pairs with a new member are ranked, and merged with its earlier rows (`merge_ranks`);
     - ranked in full otherwise (a member changed or left, or the block is new)."""
     connection, rules = job.connection, policy.POLICY
-    facts = _split(job, "fact_blocks", "facts", tables.FACTS)
+    # a fact's fingerprint is its row's hash in the split (which stands for its vector too), so
+    # the vectors are read only for the facts of the blocks ranked now
+    fact_hashes = shard_rows(job.store, connection, "fact_blocks", job.versions["fact_blocks"], "facts", job.shard,
+                             ["event_id", ROW_HASH])
+    if fact_hashes is None:
+        fact_hashes = connection.from_arrow(pa.table({"event_id": pa.array([], pa.string()), ROW_HASH: pa.array([], pa.uint64())}))
+    fact_hashes.create_view("fact_hashes", replace=True)
     members = _split(job, "fact_blocks", "members", tables.BLOCK_MEMBERS)
-    connection.register("shard_facts", facts)
     connection.register("shard_members", members)
-    fact_columns = ", ".join(f"f.{name}" for name in tables.FACTS.names)
     ranked_members = connection.sql(f"""
-        SELECT m.canonical_id, m.predicate_group, m.event_id, hash({fact_columns}) AS fingerprint
-        FROM shard_members m JOIN shard_facts f USING (event_id) ORDER BY ALL""").to_arrow_table().cast(tables.RANKED_MEMBERS)
+        SELECT m.canonical_id, m.predicate_group, m.event_id, f.{ROW_HASH} AS fingerprint
+        FROM shard_members m JOIN fact_hashes f USING (event_id) ORDER BY ALL""").to_arrow_table().cast(tables.RANKED_MEMBERS)
     connection.register("current_members", ranked_members)
     if job.previous:
         job.store.relation(connection, [job.previous["ranked_members"]]).create_view("previous_members", replace=True)
@@ -219,12 +226,14 @@ def candidate_ranks(job: StageJob) -> StageResult:
         FROM current_members m JOIN block_states b USING (canonical_id, predicate_group)
         LEFT JOIN previous_members p USING (canonical_id, predicate_group, event_id)
         WHERE b.state <> 'kept'""")
+    facts = _chosen_rows(job, "fact_blocks", "facts", tables.FACTS, "SEMI JOIN reranked USING (event_id)")
+    connection.register("reranked_facts", facts)
     parts = {}
     for state in ("ranked", "grown"):
         links = connection.sql("SELECT event_id, canonical_id, predicate_group, fresh FROM reranked WHERE state = $state "
                                "ORDER BY ALL", params={"state": state}).to_arrow_table()
         connection.register("part_links", links)
-        part_facts = connection.sql("SELECT * FROM shard_facts SEMI JOIN part_links USING (event_id)").to_arrow_table()
+        part_facts = connection.sql("SELECT * FROM reranked_facts SEMI JOIN part_links USING (event_id)").to_arrow_table()
         parts[state] = rank_candidates(part_facts.cast(tables.FACTS), links, rules.min_cosine, rules.top_k,
                                        fresh="fresh" if state == "grown" else None)
     connection.register("ranked_in_full", parts["ranked"])
@@ -249,30 +258,105 @@ def candidate_ranks(job: StageJob) -> StageResult:
         UNION ALL SELECT * FROM merged
         ORDER BY block_entity, block_group, incoming_event_id, candidate_dynamic, fact_key
         """).to_arrow_table().cast(tables.CANDIDATE_RANKS)
+    # the incoming events whose rows are not the last output's: of blocks ranked in full, merged
+    # with a new member's pairs, or gone (an earlier row of a block neither kept nor grown)
+    changed = connection.sql("""
+        SELECT incoming_event_id FROM ranked_in_full UNION SELECT incoming_event_id FROM touched
+        UNION SELECT r.incoming_event_id FROM previous_ranks r ANTI JOIN block_states b
+              ON r.block_entity = b.canonical_id AND r.block_group = b.predicate_group AND b.state IN ('kept', 'grown')
+        ORDER BY incoming_event_id""").to_arrow_table().column(0)
+    since = job.store.stamp(job.previous["candidate_ranks"]).version if job.previous else None
+    rank_changes = pa.table({"since_version": pa.array([since] * (len(changed) + 1), pa.string()),
+                             "incoming_event_id": pa.concat_arrays([pa.nulls(1, pa.string()), *changed.cast(pa.string()).chunks])})
     states = dict(connection.execute("SELECT state, count(*) FROM block_states GROUP BY state").fetchall())
-    return StageResult(ranks, tables={"ranked_members": ranked_members, "candidate_ranks": ranks}, counts=Counter({
-        "facts": facts.num_rows, "ranked": ranks.num_rows, "blocks": sum(states.values()),
-        "blocks_kept": states.get("kept", 0), "blocks_grown": states.get("grown", 0),
-        "blocks_ranked": states.get("ranked", 0)}))
+    return StageResult(ranks, tables={"ranked_members": ranked_members, "rank_changes": rank_changes, "candidate_ranks": ranks},
+                       counts=Counter({"facts": _count(connection, "fact_hashes"), "facts_read": facts.num_rows,
+                                       "ranked": ranks.num_rows, "blocks": sum(states.values()),
+                                       "blocks_kept": states.get("kept", 0), "blocks_grown": states.get("grown", 0),
+                                       "blocks_ranked": states.get("ranked", 0), "incoming_changed": len(changed)}))
+
+
+def _chosen_rows(job: StageJob, asset: str, table: str, schema: pa.Schema, chosen_sql: str) -> pa.Table:
+    """This job's shard of a split table: the rows `chosen_sql` (a join on the shard's rows,
+    `_rows`) keeps, as `schema`."""
+    rows = shard_rows(job.store, job.connection, asset, job.versions[asset], table, job.shard, schema.names)
+    if rows is None:
+        return schema.empty_table()
+    rows.create_view("_rows", replace=True)
+    return job.connection.sql(f"SELECT * FROM _rows {chosen_sql}").to_arrow_table().cast(schema)
 
 
 def candidate_selection(job: StageJob) -> StageResult:
-    """Select, over every shard: each incoming fact's top k, sent to the shard that pairs it."""
+    """Select, over every shard: each incoming fact's top k, sent to the shard that pairs it.
+
+    An incoming fact's selection is a function of its rank rows in every shard. Each shard's
+    ranks name the incoming facts whose rows changed since the shard's last output
+    (`rank_changes`); when every shard's changes are since the ranks this step last read
+    (`ranks_read`), only those facts are selected again and the others keep their rows from
+    the step's last version. Otherwise (the first run, a shard whose ranks were rebuilt twice
+    in between) every fact is selected."""
     store, connection = job.store, job.connection
-    files = [store.shard_path("candidate_ranks", shard) for shard in job.shard_keys
-             if store.is_file(store.shard_path("candidate_ranks", shard))]
-    relation = (store.relation(connection, files) if files
+    files = {shard: store.shard_path("candidate_ranks", shard) for shard in job.shard_keys
+             if store.is_file(store.shard_path("candidate_ranks", shard))}
+    relation = (store.relation(connection, list(files.values())) if files
                 else connection.from_arrow(tables.CANDIDATE_RANKS.empty_table()))
     relation.create_view("ranks", replace=True)
-    select_ranked(connection, "ranks", policy.POLICY.top_k).create_view("ranked", replace=True)
+    read = {shard: store.stamp(path).version for shard, path in files.items()}
+    changed = _changed_incoming(job, read)
+    top_k = policy.POLICY.top_k
+    if changed is None:
+        select_ranked(connection, "ranks", top_k).create_view("ranked", replace=True)
+    else:
+        connection.register("changed_incoming", changed)
+        connection.execute("CREATE TEMP VIEW changed_ranks AS SELECT * FROM ranks SEMI JOIN changed_incoming USING (incoming_event_id)")
+        select_ranked(connection, "changed_ranks", top_k).create_view("ranked", replace=True)
     # computed once (the split and its summary both read it)
     connection.execute(f"""CREATE TEMP TABLE selected AS
                            SELECT *, {shard_sql("block_entity || '|' || block_group", job.shards)} AS shard FROM ranked""")
-    split = connection.sql("SELECT * FROM selected")
-    summary = connection.sql("SELECT shard::INTEGER AS shard, 'selected' AS table_name, count(*) AS rows FROM selected "
-                             "GROUP BY shard ORDER BY shard").to_arrow_table()
-    return StageResult(summary.cast(tables.SHARD_SUMMARY), shard_tables={"selected": split},
-                       counts=Counter({"selected": int(pc.sum(summary.column("rows")).as_py() or 0)}))
+    counts = ["SELECT shard, count(*) AS rows FROM selected GROUP BY shard"]
+    if changed is None:
+        split = SplitRows(connection.sql("SELECT * FROM selected"))
+    else:  # the rows of the facts selected again replace theirs; the others' rows stand
+        split = SplitRows(connection.sql("SELECT * FROM selected"), replaces=Replaced("incoming_event_id", "changed_incoming"))
+        version = store.stamp(job.previous["candidate_selection"]).version
+        for key in job.shard_keys:
+            rows = shard_rows(store, connection, "candidate_selection", version, "selected", key, ["incoming_event_id"])
+            if rows is not None:
+                rows.create_view(f"earlier_{key}", replace=True)
+                counts.append(f"SELECT '{key}', count(*) FROM earlier_{key} ANTI JOIN changed_incoming USING (incoming_event_id)")
+    summary = connection.sql(f"SELECT shard::INTEGER AS shard, 'selected' AS table_name, sum(rows)::BIGINT AS rows "
+                             f"FROM ({' UNION ALL '.join(counts)}) GROUP BY shard HAVING sum(rows) > 0 ORDER BY shard"
+                             ).to_arrow_table()
+    ranks_read = pa.table({"shard": pa.array(sorted(read), pa.string()), "version": pa.array([read[key] for key in sorted(read)],
+                                                                                                pa.string())})
+    summary = summary.cast(tables.SHARD_SUMMARY)
+    return StageResult(summary, tables={"ranks_read": ranks_read, "candidate_selection": summary}, shard_tables={"selected": split},
+                       counts=Counter({"selected": int(pc.sum(summary.column("rows")).as_py() or 0),
+                                       "reselected_incoming": -1 if changed is None else changed.num_rows}))
+
+
+def _changed_incoming(job: StageJob, read: dict[str, str]) -> pa.Table | None:
+    """The incoming events whose ranks changed in some shard since this step's last output read
+    them (`read`: each shard's ranks version now), or None when that cannot be told."""
+    if not job.previous:
+        return None
+    store = job.store
+    before = {row["shard"]: row["version"] for row in store.read(job.previous["ranks_read"]).to_pylist()}
+    if before.keys() != read.keys():
+        return None
+    changes = []
+    for shard, version in read.items():
+        if version == before[shard]:
+            continue
+        path = store.shard_path("candidate_ranks", shard, "rank_changes")
+        if not store.is_file(path):
+            return None
+        rows, stamp = store.read(path), store.stamp(path)
+        if stamp is None or stamp.version != version or rows.num_rows == 0 or rows["since_version"][0].as_py() != before[shard]:
+            return None  # written by another run than the ranks read now, or not since the ranks read last
+        changes.append(rows.column("incoming_event_id").drop_null())
+    events = pa.chunked_array([chunk for column in changes for chunk in column.chunks], pa.string())
+    return pa.table({"incoming_event_id": pc.unique(events) if len(events) else pa.array([], pa.string())})
 
 
 def judged_pairs(job: StageJob) -> StageResult:

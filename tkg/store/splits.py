@@ -61,6 +61,12 @@ class Split:
     rows: Any
     hashed: tuple[str, ...] = ()
     rows_for: Callable[[str], Any] | None = None
+    replaces: Replaced | None = None
+
+    def __post_init__(self) -> None:
+        if self.replaces is not None and self.replaces.column not in self.key:
+            raise ValueError(f"{self.name}: the rows replace groups of {self.replaces.column!r}, which is not in its key "
+                             f"{self.key}: a kept row could share a key with a new one")
 
     @property
     def hash_sql(self) -> str:
@@ -72,17 +78,29 @@ class Split:
 
 
 @dataclass(frozen=True)
+class Replaced:
+    """Rows given as a change to the last version: the rows are those of some groups (the
+    values of `column`, a key column, listed in the table `groups` on the connection), and
+    every row of the last version outside those groups stands as it is. A step that knows
+    which groups changed so hashes, compares and holds only theirs."""
+
+    column: str
+    groups: str
+
+
+@dataclass(frozen=True)
 class SplitRows:
     """What a step gives for a table it splits (see `Split`): its rows, and optionally the
-    columns that stand for them in the row hash and how to read chosen rows from only where
-    they are."""
+    columns that stand for them in the row hash, how to read chosen rows from only where
+    they are, and the groups the rows replace in the last version."""
 
     relation: Any
     hashed: tuple[str, ...] = ()
     rows_for: Callable[[str], Any] | None = None
+    replaces: Replaced | None = None
 
     def split(self, name: str, schema: pa.Schema, key: tuple[str, ...]) -> Split:
-        return Split(name, schema, key, self.relation, self.hashed, self.rows_for)
+        return Split(name, schema, key, self.relation, self.hashed, self.rows_for, self.replaces)
 
 
 @dataclass(frozen=True)
@@ -180,15 +198,41 @@ def _usable_chains(store: ParquetStore, asset: str, splits: list[Split], previou
 
 def _previous_hashes(store: ParquetStore, connection: Any, asset: str, split: Split, chain: Chain,
                      shard_keys: list[str]) -> None:
-    """Temp table `_before_<name>`: (shard, key hash, row hash) of every row of the previous version."""
+    """Temp table `_before_<name>`: (shard, key hash, row hash) of every row of the previous
+    version, or for a split that replaces groups of it, of the rows of those groups (every
+    row's in `_before_all_<name>`)."""
+    column = [split.replaces.column] if split.replaces else []
     selects = []
     for shard in shard_keys:
-        rows = shard_rows(store, connection, asset, chain.segments[-1], split.name, shard, [KEY_HASH, ROW_HASH])
+        rows = shard_rows(store, connection, asset, chain.segments[-1], split.name, shard, [*column, KEY_HASH, ROW_HASH])
         if rows is not None:
             rows.create_view(f"_before_{split.name}_{shard}", replace=True)
             selects.append(f"SELECT '{shard}' AS shard, * FROM _before_{split.name}_{shard}")
-    query = " UNION ALL ".join(selects) or f"SELECT * FROM _now_{split.name} WHERE false"
-    connection.execute(f"CREATE OR REPLACE TEMP TABLE _before_{split.name} AS {query}")
+    empty = (f"SELECT shard, {_quoted(column)}, 0::UBIGINT AS {KEY_HASH}, 0::UBIGINT AS {ROW_HASH} FROM _given_{split.name} "
+             "WHERE false" if column else f"SELECT * FROM _now_{split.name} WHERE false")
+    if not split.replaces:
+        connection.execute(f"CREATE OR REPLACE TEMP TABLE _before_{split.name} AS {' UNION ALL '.join(selects) or empty}")
+        return
+    connection.execute(f"CREATE OR REPLACE TEMP TABLE _before_all_{split.name} AS {' UNION ALL '.join(selects) or empty}")
+    connection.execute(f"""CREATE OR REPLACE TEMP TABLE _before_{split.name} AS SELECT shard, {IDENTITY}
+                           FROM _before_all_{split.name} SEMI JOIN {split.replaces.groups} USING ("{split.replaces.column}")""")
+
+
+def _replaced_rows(store: ParquetStore, connection: Any, asset: str, previous: str, split: Split,
+                   shard_keys: list[str]) -> None:
+    """View `_rows_<name>` of a split that replaces groups of `previous`: every row, the
+    previous version's outside the groups (in the shard they are in) and the split's rows."""
+    selects = []
+    for shard in shard_keys:
+        rows = shard_rows(store, connection, asset, previous, split.name, shard, split.schema.names)
+        if rows is not None:
+            rows.create_view(f"_kept_{split.name}_{shard}", replace=True)
+            selects.append(f"""SELECT *, '{shard}' AS shard FROM _kept_{split.name}_{shard}
+                               ANTI JOIN {split.replaces.groups} USING ("{split.replaces.column}")""")
+    columns = _quoted([*split.schema.names, "shard"])
+    connection.execute(f"CREATE OR REPLACE TEMP VIEW _rows_{split.name} AS "
+                       + " UNION ALL ".join([*(f"SELECT {columns} FROM ({select})" for select in selects),
+                                             f"SELECT {columns} FROM _given_{split.name}"]))
 
 
 def _with(schema: pa.Schema, *fields: tuple[str, pa.DataType]) -> pa.Schema:
@@ -208,13 +252,19 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
     column but the keys of the previous version."""
     chains = _usable_chains(store, asset, splits, previous, version)
     for split in splits:
-        split.rows.create_view(f"_rows_{split.name}", replace=True)
+        split.rows.create_view(f"_given_{split.name}", replace=True)
+        if split.replaces is None:
+            connection.execute(f"CREATE OR REPLACE TEMP VIEW _rows_{split.name} AS SELECT * FROM _given_{split.name}")
+        elif previous is None:
+            raise ValueError(f"{asset}: {split.name}'s rows replace groups of a last version, and there is none")
+        else:
+            _replaced_rows(store, connection, asset, previous, split, shard_keys)
     delta = chains is not None
     if delta:
         for split in splits:
             connection.execute(f"""CREATE OR REPLACE TEMP TABLE _now_{split.name} AS
                                    SELECT shard, {split.key_hash_sql} AS {KEY_HASH}, {split.hash_sql} AS {ROW_HASH}
-                                   FROM _rows_{split.name}""")
+                                   FROM _given_{split.name}""")
             # a key naming two rows of a shard cannot be a delta's (a false alarm only writes whole)
             unique = connection.execute(f"SELECT count(*) = count(DISTINCT (shard, {KEY_HASH})) "
                                         f"FROM _now_{split.name}").fetchall()[0][0]
@@ -229,7 +279,7 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
                                f"SELECT * FROM _now_{split.name} ANTI JOIN _before_{split.name} {same}")
             connection.execute(f"CREATE OR REPLACE TEMP TABLE _gone_{split.name} AS "
                                f"SELECT * FROM _before_{split.name} ANTI JOIN _now_{split.name} {same}")
-            before += _count(connection, f"_before_{split.name}")
+            before += _count(connection, f"_before_all_{split.name}" if split.replaces else f"_before_{split.name}")
             delta_rows[split.name] = _count(connection, f"_new_{split.name}") + _count(connection, f"_gone_{split.name}")
             changed += delta_rows[split.name] + sum(chains[split.name].delta_rows)
         delta = len(chains[splits[0].name].segments) < MAX_SEGMENTS and changed <= DELTA_SHARE * before
@@ -242,9 +292,9 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
             key = _quoted(split.key)
             connection.execute(f"""CREATE OR REPLACE TEMP TABLE _wanted_{split.name} AS
                                    SELECT r.shard, {key}, n.{KEY_HASH}, n.{ROW_HASH}
-                                   FROM (SELECT shard, {key}, {split.key_hash_sql} AS {KEY_HASH} FROM _rows_{split.name}) r
+                                   FROM (SELECT shard, {key}, {split.key_hash_sql} AS {KEY_HASH} FROM _given_{split.name}) r
                                    JOIN _new_{split.name} n USING (shard, {KEY_HASH})""")
-            source = f"_rows_{split.name}"
+            source = f"_given_{split.name}"  # the new rows are among the given ones
             if split.rows_for is not None:
                 split.rows_for(f"_wanted_{split.name}").create_view(f"_rows_for_{split.name}", replace=True)
                 source = f"_rows_for_{split.name}"
@@ -279,7 +329,14 @@ def _fingerprints(store: ParquetStore, connection: Any, asset: str, version: str
     sums: dict[str, list[str]] = {}
     total_rows = 0
     for split in splits:
-        if delta:
+        if delta and split.replaces:  # every row the previous version held, less the gone, and the new
+            totals = connection.execute(f"""
+                SELECT shard, sum(rows)::BIGINT, sum(total) FROM (
+                    SELECT shard, count(*) AS rows, sum({ROW_HASH}) AS total FROM _before_all_{split.name} GROUP BY shard
+                    UNION ALL SELECT shard, -count(*), -sum({ROW_HASH}) FROM _gone_{split.name} GROUP BY shard
+                    UNION ALL SELECT shard, count(*), sum({ROW_HASH}) FROM _new_{split.name} GROUP BY shard)
+                GROUP BY shard""").fetchall()
+        elif delta:
             totals = connection.execute(f"SELECT shard, count(*), sum({ROW_HASH}) FROM _now_{split.name} "
                                         "GROUP BY shard").fetchall()
         else:
