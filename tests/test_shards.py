@@ -16,7 +16,16 @@ import yaml
 from tests.conftest import needs_corpus, run_tkg
 from tkg.build import catalog
 from tkg.build.graph import finish_graph
-from tkg.build.stages import PROCESS_BASE, SHARD_MEMORY_FACTOR, Runtime, run_global, shard_input, stale_work
+from tkg.build.stages import (
+    PROCESS_BASE,
+    SHARD_MEMORY_FACTOR,
+    Runtime,
+    _duckdb_memory_named,
+    run_global,
+    shard_input,
+    stale_work,
+)
+from tkg.core.machine import MemoryExceeded
 from tkg.core.companies import DEFAULT_COMPANIES_FILE
 from tkg.settings import Settings
 from tkg.store.parquet import ParquetStore
@@ -207,6 +216,35 @@ def test_a_global_step_past_its_duckdb_memory_fails_named_and_keeps_the_publishe
     assert _digest(home / "tkg.duckdb") == published
     run_tkg(home, "build", check=True)
     assert (home / "parquet" / "canonical_entities").exists() and _digest(home / "tkg.duckdb") != published
+
+
+def test_a_spill_past_its_disk_limit_stops_with_a_message_naming_it(tmp_path, monkeypatch):
+    """A global step's DuckDB spills at most TKG_STEP_DISK (unset: half the disk's free space),
+    and a step that needs more stops naming the setting, never filling the disk."""
+    monkeypatch.setenv("TKG_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TKG_STEP_DISK", raising=False)
+    settings = Settings.resolve()
+    with settings.spilling_connection() as connection:
+        allowed = connection.execute("SELECT current_setting('max_temp_directory_size')").fetchall()[0][0]
+    half = shutil.disk_usage(tmp_path).free / 2
+    assert 0.8 * half < _bytes(allowed) < 1.2 * half
+
+    monkeypatch.setenv("TKG_STEP_DISK", "2MB")
+    settings = Settings.resolve().with_changes(step_memory="40MB")
+    with pytest.raises(MemoryExceeded, match=r"a step: DuckDB spilled more than TKG_STEP_DISK=2MB to disk .*raise TKG_STEP_DISK"):
+        with settings.spilling_connection() as connection, _duckdb_memory_named("a step", settings, None):
+            connection.execute("SET threads = 1")
+            connection.execute("CREATE TABLE sorted AS SELECT range AS i, md5(range::VARCHAR) AS s FROM range(3000000) ORDER BY s")
+
+    monkeypatch.setenv("TKG_STEP_DISK", "lots")
+    with pytest.raises(ValueError, match="TKG_STEP_DISK='lots' is not a size"):
+        Settings.resolve()
+
+
+def _bytes(duckdb_size: str) -> float:
+    """A size as DuckDB shows a setting ('11.9 GiB') in bytes."""
+    number, unit = duckdb_size.split()
+    return float(number) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
 
 
 def test_a_memory_setting_that_is_not_a_size_is_named(tmp_path):

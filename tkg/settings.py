@@ -13,6 +13,7 @@ repr, logs and metadata.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -94,6 +95,9 @@ class Settings:
     step_memory: str = "2GB"  # what a global step's DuckDB may hold before it spills to disk (TKG_STEP_MEMORY)
     shards: int = 8  # how many shards the global steps split their blocks into (TKG_SHARDS); results do not depend on it
     memory_limit: str = "4GB"  # the most one global step or shard may hold; past it, it stops with a message (TKG_MEMORY_LIMIT)
+    # The most a global step's DuckDB (or the publish) may spill to disk; unset, half the disk's
+    # free space when the step starts, so that a runaway query never fills it (TKG_STEP_DISK)
+    step_disk: str | None = None
     # A UI backfill's runs: at most this many partitions each, built by this many worker processes
     # of tkg build's pool (1: in the run's own process). TKG_PARTITIONS_PER_RUN=1 is one run per partition.
     partitions_per_run: int = 50  # (TKG_PARTITIONS_PER_RUN) ten years of a company's quarters, plus the one under way
@@ -129,6 +133,7 @@ class Settings:
             allow_partial=_flag(environ.get("TKG_ALLOW_PARTIAL")) if allow_partial is None else allow_partial,
             step_memory=_size(environ.get("TKG_STEP_MEMORY"), "2GB", "TKG_STEP_MEMORY"),
             memory_limit=_size(environ.get("TKG_MEMORY_LIMIT"), "4GB", "TKG_MEMORY_LIMIT"),
+            step_disk=_size(environ["TKG_STEP_DISK"], "", "TKG_STEP_DISK") if environ.get("TKG_STEP_DISK") else None,
             shards=shards if shards is not None else _shards(environ.get("TKG_SHARDS")),
             partitions_per_run=_count(environ.get("TKG_PARTITIONS_PER_RUN"), 50, "TKG_PARTITIONS_PER_RUN",
                                       "a number of partitions per run"),
@@ -145,12 +150,21 @@ class Settings:
     def spilling_connection(self) -> duckdb.DuckDBPyConnection:
         """A DuckDB connection for a global step's set work: it spills past `step_memory` to a
         temporary folder under the home."""
-        return spilling_connection(self.home / "tmp" / "duckdb", self.duckdb_memory)
+        folder = self.home / "tmp" / "duckdb"
+        return spilling_connection(folder, self.duckdb_memory, self.duckdb_disk(folder))
 
     @property
     def duckdb_memory(self) -> str:
         """`step_memory` as DuckDB's memory_limit."""
         return f"{size_in_bytes(self.step_memory, 'TKG_STEP_MEMORY') // 2**20}MiB"
+
+    def duckdb_disk(self, folder: Path) -> str:
+        """`step_disk` as DuckDB's max_temp_directory_size, for a spill to `folder`: unset, half
+        the free space of its disk now (DuckDB's own default is 90%, enough to fill a shared disk)."""
+        if self.step_disk:
+            return f"{size_in_bytes(self.step_disk, 'TKG_STEP_DISK') // 2**20}MiB"
+        existing = next(parent for parent in (folder, *folder.parents) if parent.exists())
+        return f"{max(shutil.disk_usage(existing).free // 2 // 2**20, 1)}MiB"
 
     def with_changes(self, **changes: object) -> Settings:
         return replace(self, **changes)

@@ -54,7 +54,8 @@ def run_warehouse(settings: Settings, target: Path | None = None,
         missing.update(lacking)
     stamp = Stamp("warehouse", warehouse_code_version(), warehouse_inputs(versions, state), dict(missing))
     return publish(store, target or settings.warehouse, catalog.raw_tables(), stamp=stamp, check=check,
-                   info={"embedder": settings.embedder_name()}, memory_limit=settings.duckdb_memory)
+                   info={"embedder": settings.embedder_name()}, memory_limit=settings.duckdb_memory,
+                   disk_limit=settings.duckdb_disk((target or settings.warehouse).parent))
 
 
 @dataclass

@@ -358,14 +358,17 @@ def stale_work(runtime: Runtime, stage: catalog.Stage) -> list[str]:
 def _duckdb_memory_named(what: str, settings: Settings, shard: str | None) -> Iterator[None]:
     """DuckDB's out-of-memory error as a message that names the step or shard, its limit and
     the way past it (DuckDB spills sorts, joins and aggregates; what it could not spill was
-    bigger than TKG_STEP_MEMORY)."""
+    bigger than TKG_STEP_MEMORY, or the spill passed TKG_STEP_DISK)."""
     try:
         yield
     except duckdb.OutOfMemoryException as error:
-        way = ("more shards (TKG_SHARDS, now " + str(settings.shards) + ") make each smaller, or raise TKG_STEP_MEMORY"
-               if shard else "raise TKG_STEP_MEMORY")
+        smaller = "more shards (TKG_SHARDS, now " + str(settings.shards) + ") make each smaller, or " if shard else ""
+        if "max_temp_directory_size" in str(error):
+            raise MemoryExceeded(f"{what}: DuckDB spilled more than TKG_STEP_DISK={settings.step_disk or 'half the free disk'} "
+                                 f"to disk ({str(error).splitlines()[0]}); {smaller}free disk space or raise "
+                                 "TKG_STEP_DISK") from error
         raise MemoryExceeded(f"{what}: DuckDB needed more than TKG_STEP_MEMORY={settings.step_memory} "
-                             f"({str(error).splitlines()[0]}); {way}") from error
+                             f"({str(error).splitlines()[0]}); {smaller}raise TKG_STEP_MEMORY") from error
 
 
 def shard_keys_of(settings: Settings) -> list[str]:

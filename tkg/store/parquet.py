@@ -374,13 +374,14 @@ def _write_parquet(data: pa.Table | pa.RecordBatchReader, where: str, filesystem
             writer.write_batch(batch)
 
 
-def spilling_connection(temporary_folder: Path, memory_limit: str) -> duckdb.DuckDBPyConnection:
+def spilling_connection(temporary_folder: Path, memory_limit: str, disk_limit: str) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection for the global steps' set work: it stays under
     `memory_limit` by spilling to `temporary_folder` (sorts, joins and aggregates larger than
-    memory run out of core) and keeps rows in the order queries ask for."""
+    memory run out of core), at most `disk_limit` of it, and keeps rows in the order queries
+    ask for."""
     temporary_folder.mkdir(parents=True, exist_ok=True)
     return duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(temporary_folder),
-                                  "preserve_insertion_order": True})
+                                  "max_temp_directory_size": disk_limit, "preserve_insertion_order": True})
 
 
 def _object(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -322,7 +322,8 @@ def _loaded_files(target: Path, code_version: str) -> dict[str, dict[str, tuple[
 
 def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], models: list[SqlModel] | None = None,
             stamp: Stamp | None = None, check: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
-            info: dict[str, str] | None = None, memory_limit: str | None = None) -> PublishResult:
+            info: dict[str, str] | None = None, memory_limit: str | None = None, disk_limit: str | None = None
+            ) -> PublishResult:
     """Publish the Parquet tree (`raw_tables`, the stage catalog's) and every model onto `target`:
     from a copy of the last published file, updated where the store changed since (see the
     module's docstring), or a fresh file when that cannot be done.
@@ -332,7 +333,8 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
 
     `check` runs on the finished file before the swap; if it raises, the file is discarded and
     `target` keeps its last good contents. `memory_limit` (a DuckDB size) bounds what the load
-    holds in memory; past it DuckDB writes to the file and its temporary folder."""
+    holds in memory; past it DuckDB writes to the file and its temporary folder, at most
+    `disk_limit` of the latter."""
     target = Path(target).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     models = load_models() if models is None else models
@@ -345,7 +347,8 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
     try:
         if before is not None:
             shutil.copyfile(target, temporary)
-        config = {**STORAGE_COMPATIBILITY, **({"memory_limit": memory_limit} if memory_limit else {})}
+        config = {**STORAGE_COMPATIBILITY, **({"memory_limit": memory_limit} if memory_limit else {}),
+                  **({"max_temp_directory_size": disk_limit} if disk_limit else {})}
         with duckdb.connect(str(temporary), config=config) as connection:
             if before is None:
                 connection.execute("CREATE SCHEMA raw")
