@@ -219,9 +219,11 @@ def _previous_hashes(store: ParquetStore, connection: Any, asset: str, split: Sp
 
 
 def _replaced_rows(store: ParquetStore, connection: Any, asset: str, previous: str, split: Split,
-                   shard_keys: list[str]) -> None:
-    """View `_rows_<name>` of a split that replaces groups of `previous`: every row, the
-    previous version's outside the groups (in the shard they are in) and the split's rows."""
+                   shard_keys: list[str], held: bool) -> None:
+    """`_rows_<name>` of a split that replaces groups of `previous`: every row, the previous
+    version's outside the groups (in the shard they are in) and the split's rows. A view, or a
+    table when `held` (the version written is `previous` again, whose files the write removes
+    before it reads them)."""
     selects = []
     for shard in shard_keys:
         rows = shard_rows(store, connection, asset, previous, split.name, shard, split.schema.names)
@@ -230,7 +232,7 @@ def _replaced_rows(store: ParquetStore, connection: Any, asset: str, previous: s
             selects.append(f"""SELECT *, '{shard}' AS shard FROM _kept_{split.name}_{shard}
                                ANTI JOIN {split.replaces.groups} USING ("{split.replaces.column}")""")
     columns = _quoted([*split.schema.names, "shard"])
-    connection.execute(f"CREATE OR REPLACE TEMP VIEW _rows_{split.name} AS "
+    connection.execute(f"CREATE OR REPLACE TEMP {'TABLE' if held else 'VIEW'} _rows_{split.name} AS "
                        + " UNION ALL ".join([*(f"SELECT {columns} FROM ({select})" for select in selects),
                                              f"SELECT {columns} FROM _given_{split.name}"]))
 
@@ -258,7 +260,7 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
         elif previous is None:
             raise ValueError(f"{asset}: {split.name}'s rows replace groups of a last version, and there is none")
         else:
-            _replaced_rows(store, connection, asset, previous, split, shard_keys)
+            _replaced_rows(store, connection, asset, previous, split, shard_keys, held=previous == version)
     delta = chains is not None
     if delta:
         for split in splits:
