@@ -308,7 +308,8 @@ def candidate_selection(job: StageJob) -> StageResult:
         select_ranked(connection, "ranks", top_k).create_view("ranked", replace=True)
     else:
         connection.register("changed_incoming", changed)
-        connection.execute("CREATE TEMP VIEW changed_ranks AS SELECT * FROM ranks SEMI JOIN changed_incoming USING (incoming_event_id)")
+        connection.execute("CREATE TEMP VIEW changed_ranks AS "
+                           "SELECT * FROM ranks SEMI JOIN changed_incoming USING (incoming_event_id)")
         select_ranked(connection, "changed_ranks", top_k).create_view("ranked", replace=True)
     # computed once (the split and its summary both read it)
     connection.execute(f"""CREATE TEMP TABLE selected AS
@@ -317,7 +318,8 @@ def candidate_selection(job: StageJob) -> StageResult:
     if changed is None:
         split = SplitRows(connection.sql("SELECT * FROM selected"))
     else:  # the rows of the facts selected again replace theirs; the others' rows stand
-        split = SplitRows(connection.sql("SELECT * FROM selected"), replaces=Replaced("incoming_event_id", "changed_incoming"))
+        split = SplitRows(connection.sql("SELECT * FROM selected"),
+                          replaces=Replaced("incoming_event_id", "changed_incoming"))
         version = store.stamp(job.previous["candidate_selection"]).version
         for key in job.shard_keys:
             rows = shard_rows(store, connection, "candidate_selection", version, "selected", key, ["incoming_event_id"])
@@ -326,10 +328,8 @@ def candidate_selection(job: StageJob) -> StageResult:
                 counts.append(f"SELECT '{key}', count(*) FROM earlier_{key} ANTI JOIN changed_incoming USING (incoming_event_id)")
     summary = connection.sql(f"SELECT shard::INTEGER AS shard, 'selected' AS table_name, sum(rows)::BIGINT AS rows "
                              f"FROM ({' UNION ALL '.join(counts)}) GROUP BY shard HAVING sum(rows) > 0 ORDER BY shard"
-                             ).to_arrow_table()
-    ranks_read = pa.table({"shard": pa.array(sorted(read), pa.string()), "version": pa.array([read[key] for key in sorted(read)],
-                                                                                                pa.string())})
-    summary = summary.cast(tables.SHARD_SUMMARY)
+                             ).to_arrow_table().cast(tables.SHARD_SUMMARY)
+    ranks_read = pa.table({"shard": sorted(read), "version": [read[key] for key in sorted(read)]}, schema=tables.RANKS_READ)
     return StageResult(summary, tables={"ranks_read": ranks_read, "candidate_selection": summary}, shard_tables={"selected": split},
                        counts=Counter({"selected": int(pc.sum(summary.column("rows")).as_py() or 0),
                                        "reselected_incoming": -1 if changed is None else changed.num_rows}))
