@@ -289,14 +289,16 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert report.counts["blocks_kept"] > report.counts["blocks_grown"] > 0  # grown: only the new pairs ranked
     assert report.counts["pairs_kept"] > report.counts["pairs_judged_now"] > 0
     # selected again: only the incoming facts whose ranks changed in some shard
-    assert 0 < report.counts["reselected_incoming"] <= report.counts["incoming_changed"]
+    assert report.counts["selected_every_fact"] == 0
+    assert 0 < report.counts["incoming_selected"] <= report.counts["incoming_changed"]
 
     cold = _copy(two_companies, tmp_path / "cold")
     for folder in (cold / "parquet").glob(f"*/{withdrawn}"):
         shutil.rmtree(folder)
     cold_report = finish_graph(_runtime(cold, 3))
     assert cold_report.counts["blocks_kept"] == cold_report.counts["blocks_grown"] == cold_report.counts["pairs_kept"] == 0
-    assert cold_report.counts["reselected_incoming"] == -1  # every fact selected
+    assert cold_report.counts["selected_every_fact"] == 1
+    assert cold_report.counts["incoming_selected"] > report.counts["incoming_selected"]
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert increment.keys() == built.keys() and len(built) == 3 * len(MEMOISED_TABLES)
     assert [name for name in built if not increment[name].equals(built[name])] == []

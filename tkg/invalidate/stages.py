@@ -332,7 +332,8 @@ def candidate_selection(job: StageJob) -> StageResult:
     ranks_read = pa.table({"shard": sorted(read), "version": [read[key] for key in sorted(read)]}, schema=tables.RANKS_READ)
     return StageResult(summary, tables={"ranks_read": ranks_read, "candidate_selection": summary}, shard_tables={"selected": split},
                        counts=Counter({"selected": int(pc.sum(summary.column("rows")).as_py() or 0),
-                                       "reselected_incoming": -1 if changed is None else changed.num_rows}))
+                                       "incoming_selected": _count(connection, "(SELECT DISTINCT incoming_event_id FROM selected)"),
+                                       "selected_every_fact": int(changed is None)}))
 
 
 def _changed_incoming(job: StageJob, read: dict[str, str]) -> pa.Table | None:
