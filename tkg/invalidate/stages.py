@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 
 from tkg.core import policy, tables
 from tkg.core.results import StageJob, StageResult
+from tkg.core.versions import stamp_of_schema
 from tkg.invalidate.candidates import merge_ranks, pair_candidates, rank_candidates, select_ranked
 from tkg.invalidate.invalidation import (
     LINKS_SQL,
@@ -59,7 +60,7 @@ from tkg.invalidate.retention import retention_settings, score_facts
 from tkg.invalidate.revisions import FigureRevisions, revise_figures
 from tkg.store.manifest import scan, stamped_files
 from tkg.store.parquet import partition_of
-from tkg.store.splits import ROW_HASH, Replaced, SplitRows, shard_rows
+from tkg.store.splits import ROW_HASH, Replaced, SplitRows, shard_rows, version_rows
 from tkg.store.warehouse import apply_model, model
 
 # Bump when the phases change how they split, rank, select or pair.
@@ -175,10 +176,14 @@ def _count(connection, table: str) -> int:
     return connection.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
 
 
-def _split(job: StageJob, asset: str, table: str, schema: pa.Schema) -> pa.Table:
-    """One shard's rows of a table a global step split by shard (this job's shard)."""
+def _split(job: StageJob, asset: str, table: str, schema: pa.Schema, chosen_sql: str = "") -> pa.Table:
+    """This job's shard of a table a global step split by shard, as `schema`: every row, or the
+    rows `chosen_sql` (a join on the shard's rows, `_rows`) keeps."""
     rows = shard_rows(job.store, job.connection, asset, job.versions[asset], table, job.shard, schema.names)
-    return schema.empty_table() if rows is None else rows.to_arrow_table().cast(schema)
+    if rows is None:
+        return schema.empty_table()
+    rows.create_view("_rows", replace=True)
+    return job.connection.sql(f"SELECT * FROM _rows {chosen_sql}").to_arrow_table().cast(schema)
 
 
 def candidate_ranks(job: StageJob) -> StageResult:
@@ -226,7 +231,7 @@ def candidate_ranks(job: StageJob) -> StageResult:
         FROM current_members m JOIN block_states b USING (canonical_id, predicate_group)
         LEFT JOIN previous_members p USING (canonical_id, predicate_group, event_id)
         WHERE b.state <> 'kept'""")
-    facts = _chosen_rows(job, "fact_blocks", "facts", tables.FACTS, "SEMI JOIN reranked USING (event_id)")
+    facts = _split(job, "fact_blocks", "facts", tables.FACTS, "SEMI JOIN reranked USING (event_id)")
     connection.register("reranked_facts", facts)
     parts = {}
     for state in ("ranked", "grown"):
@@ -276,16 +281,6 @@ def candidate_ranks(job: StageJob) -> StageResult:
                                        "blocks_ranked": states.get("ranked", 0), "incoming_changed": len(changed)}))
 
 
-def _chosen_rows(job: StageJob, asset: str, table: str, schema: pa.Schema, chosen_sql: str) -> pa.Table:
-    """This job's shard of a split table: the rows `chosen_sql` (a join on the shard's rows,
-    `_rows`) keeps, as `schema`."""
-    rows = shard_rows(job.store, job.connection, asset, job.versions[asset], table, job.shard, schema.names)
-    if rows is None:
-        return schema.empty_table()
-    rows.create_view("_rows", replace=True)
-    return job.connection.sql(f"SELECT * FROM _rows {chosen_sql}").to_arrow_table().cast(schema)
-
-
 def candidate_selection(job: StageJob) -> StageResult:
     """Select, over every shard: each incoming fact's top k, sent to the shard that pairs it.
 
@@ -315,17 +310,15 @@ def candidate_selection(job: StageJob) -> StageResult:
     connection.execute(f"""CREATE TEMP TABLE selected AS
                            SELECT *, {shard_sql("block_entity || '|' || block_group", job.shards)} AS shard FROM ranked""")
     counts = ["SELECT shard, count(*) AS rows FROM selected GROUP BY shard"]
-    if changed is None:
-        split = SplitRows(connection.sql("SELECT * FROM selected"))
-    else:  # the rows of the facts selected again replace theirs; the others' rows stand
-        split = SplitRows(connection.sql("SELECT * FROM selected"),
-                          replaces=Replaced("incoming_event_id", "changed_incoming"))
-        version = store.stamp(job.previous["candidate_selection"]).version
-        for key in job.shard_keys:
-            rows = shard_rows(store, connection, "candidate_selection", version, "selected", key, ["incoming_event_id"])
-            if rows is not None:
-                rows.create_view(f"earlier_{key}", replace=True)
-                counts.append(f"SELECT '{key}', count(*) FROM earlier_{key} ANTI JOIN changed_incoming USING (incoming_event_id)")
+    # the rows of the facts selected again replace theirs in the last version; the others' rows stand
+    split = SplitRows(connection.sql("SELECT * FROM selected"),
+                      replaces=None if changed is None else Replaced("incoming_event_id", "changed_incoming"))
+    if changed is not None:
+        earlier = version_rows(store, connection, "candidate_selection", store.stamp(job.previous["candidate_selection"]).version,
+                               "selected", job.shard_keys, ["incoming_event_id"], "earlier_selected")
+        if earlier:
+            counts.append(f"SELECT shard, count(*) FROM {earlier} ANTI JOIN changed_incoming USING (incoming_event_id) "
+                          "GROUP BY shard")
     summary = connection.sql(f"SELECT shard::INTEGER AS shard, 'selected' AS table_name, sum(rows)::BIGINT AS rows "
                              f"FROM ({' UNION ALL '.join(counts)}) GROUP BY shard HAVING sum(rows) > 0 ORDER BY shard"
                              ).to_arrow_table().cast(tables.SHARD_SUMMARY)
@@ -352,7 +345,8 @@ def _changed_incoming(job: StageJob, read: dict[str, str]) -> pa.Table | None:
         path = store.shard_path("candidate_ranks", shard, "rank_changes")
         if not store.is_file(path):
             return None
-        rows, stamp = store.read(path), store.stamp(path)
+        rows = store.read(path)
+        stamp = stamp_of_schema(rows.schema)
         if stamp is None or stamp.version != version or rows.num_rows == 0 or rows["since_version"][0].as_py() != before[shard]:
             return None  # written by another run than the ranks read now, or not since the ranks read last
         changes.append(rows.column("incoming_event_id").drop_null())

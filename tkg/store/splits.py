@@ -178,6 +178,22 @@ def shard_rows(store: ParquetStore, connection: Any, asset: str, version: str, t
     return connection.sql(" UNION ALL ".join(parts))
 
 
+def version_rows(store: ParquetStore, connection: Any, asset: str, version: str, table: str, shard_keys: list[str],
+                 columns: list[str], name: str) -> str | None:
+    """Every shard's rows of a split table over `columns`, with their `shard`: the name of a
+    view (`name`, built on views `<name>_<shard>`), or None when no shard has rows."""
+    selects = []
+    for shard in shard_keys:
+        rows = shard_rows(store, connection, asset, version, table, shard, columns)
+        if rows is not None:
+            rows.create_view(f"{name}_{shard}", replace=True)
+            selects.append(f"SELECT '{shard}' AS shard, * FROM {name}_{shard}")
+    if not selects:
+        return None
+    connection.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {' UNION ALL '.join(selects)}")
+    return name
+
+
 def _usable_chains(store: ParquetStore, asset: str, splits: list[Split], previous: str | None,
                    version: str) -> dict[str, Chain] | None:
     """The previous version's chains, if the new version can stand on them: every table has
@@ -202,18 +218,15 @@ def _previous_hashes(store: ParquetStore, connection: Any, asset: str, split: Sp
     version, or for a split that replaces groups of it, of the rows of those groups (every
     row's in `_before_all_<name>`)."""
     column = [split.replaces.column] if split.replaces else []
-    selects = []
-    for shard in shard_keys:
-        rows = shard_rows(store, connection, asset, chain.segments[-1], split.name, shard, [*column, KEY_HASH, ROW_HASH])
-        if rows is not None:
-            rows.create_view(f"_before_{split.name}_{shard}", replace=True)
-            selects.append(f"SELECT '{shard}' AS shard, * FROM _before_{split.name}_{shard}")
-    empty = (f"SELECT shard, {_quoted(column)}, 0::UBIGINT AS {KEY_HASH}, 0::UBIGINT AS {ROW_HASH} FROM _given_{split.name} "
+    rows = version_rows(store, connection, asset, chain.segments[-1], split.name, shard_keys, [*column, KEY_HASH, ROW_HASH],
+                        f"_before_rows_{split.name}")
+    query = (f"SELECT * FROM {rows}" if rows else
+             f"SELECT shard, {_quoted(column)}, 0::UBIGINT AS {KEY_HASH}, 0::UBIGINT AS {ROW_HASH} FROM _given_{split.name} "
              "WHERE false" if column else f"SELECT * FROM _now_{split.name} WHERE false")
     if not split.replaces:
-        connection.execute(f"CREATE OR REPLACE TEMP TABLE _before_{split.name} AS {' UNION ALL '.join(selects) or empty}")
+        connection.execute(f"CREATE OR REPLACE TEMP TABLE _before_{split.name} AS {query}")
         return
-    connection.execute(f"CREATE OR REPLACE TEMP TABLE _before_all_{split.name} AS {' UNION ALL '.join(selects) or empty}")
+    connection.execute(f"CREATE OR REPLACE TEMP TABLE _before_all_{split.name} AS {query}")
     connection.execute(f"""CREATE OR REPLACE TEMP TABLE _before_{split.name} AS SELECT shard, {IDENTITY}
                            FROM _before_all_{split.name} SEMI JOIN {split.replaces.groups} USING ("{split.replaces.column}")""")
 
@@ -224,17 +237,12 @@ def _replaced_rows(store: ParquetStore, connection: Any, asset: str, previous: s
     version's outside the groups (in the shard they are in) and the split's rows. A view, or a
     table when `held` (the version written is `previous` again, whose files the write removes
     before it reads them)."""
-    selects = []
-    for shard in shard_keys:
-        rows = shard_rows(store, connection, asset, previous, split.name, shard, split.schema.names)
-        if rows is not None:
-            rows.create_view(f"_kept_{split.name}_{shard}", replace=True)
-            selects.append(f"""SELECT *, '{shard}' AS shard FROM _kept_{split.name}_{shard}
-                               ANTI JOIN {split.replaces.groups} USING ("{split.replaces.column}")""")
     columns = _quoted([*split.schema.names, "shard"])
-    connection.execute(f"CREATE OR REPLACE TEMP {'TABLE' if held else 'VIEW'} _rows_{split.name} AS "
-                       + " UNION ALL ".join([*(f"SELECT {columns} FROM ({select})" for select in selects),
-                                             f"SELECT {columns} FROM _given_{split.name}"]))
+    parts = [f"SELECT {columns} FROM _given_{split.name}"]
+    kept = version_rows(store, connection, asset, previous, split.name, shard_keys, split.schema.names, f"_kept_{split.name}")
+    if kept:
+        parts.insert(0, f'SELECT {columns} FROM {kept} ANTI JOIN {split.replaces.groups} USING ("{split.replaces.column}")')
+    connection.execute(f"CREATE OR REPLACE TEMP {'TABLE' if held else 'VIEW'} _rows_{split.name} AS {' UNION ALL '.join(parts)}")
 
 
 def _with(schema: pa.Schema, *fields: tuple[str, pa.DataType]) -> pa.Schema:
