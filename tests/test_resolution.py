@@ -334,8 +334,10 @@ def test_names_that_fold_alike_but_stay_apart_get_distinct_canonicals():
 
 
 def test_an_unrelated_longer_embedding_does_not_change_organisations():
-    """Description embeddings are compared at the organisations' embedding length: a mention of
-    another type with a longer embedding changes nothing."""
+    """Two organisations' description embeddings are compared with each other alone: a mention
+    of another type, or another organisation, with a longer embedding (another embedder's)
+    changes nothing; an organisation whose only embedding is of another length has no evidence
+    against them."""
     def table(*extra):
         rows = [("Organization", "Acme", "maker", [1.0, 0.0, 0.0, 0.0]), ("Organization", "Acme Cloud", "cloud unit", [1.0, 0.0, 0.0, 0.0]),
                 *extra]
@@ -345,6 +347,12 @@ def test_an_unrelated_longer_embedding_does_not_change_organisations():
     alone, with_person = table(), table(("Person", "Lisa Su", None, [1.0] * 8))
     assert same(alone, resolve_entities(alone), "Acme", "Acme Cloud")
     assert same(with_person, resolve_entities(with_person), "Acme", "Acme Cloud")
+    with_organisation = table(("Organization", "Zenith", "maker", [1.0] + [0.0] * 7),
+                              ("Organization", "Zenith Labs", "research lab", [1.0] + [0.0] * 7))
+    resolution = resolve_entities(with_organisation)
+    assert same(with_organisation, resolution, "Acme", "Acme Cloud") and same(with_organisation, resolution, "Zenith", "Zenith Labs")
+    other_length = table(("Organization", "Acme Cloud", "cloud unit", [1.0] * 8))  # its evidence: the longer one
+    assert not same(other_length, resolve_entities(other_length), "Acme", "Acme Cloud")
 
 
 def test_mapping_does_not_depend_on_row_order_even_with_a_repeated_id():

@@ -39,6 +39,7 @@ import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 from nameparser import HumanName
 from nicknames import NickNamer
 from rapidfuzz import fuzz, process
@@ -51,7 +52,7 @@ from tkg.core.names import company_for_name, fold, organisation_key
 from tkg.core.roles import parse_offices
 
 # Bump when resolution's rules change: canonical_entities is then rebuilt.
-RESOLUTION_VERSION = "entity-resolution-2"
+RESOLUTION_VERSION = "entity-resolution-3"
 FUZZY_THRESHOLD = 92  # whole-string ratio on folded names (seed: partial_ratio >= 80)
 EXTENSION_THRESHOLD = 90  # partial_ratio band where one name extends another
 DESCRIPTION_COSINE = 0.85
@@ -355,8 +356,10 @@ class NameGroups:
         return len(self.names)
 
     def evidence(self, wanted: Iterable[int]) -> dict[int, tuple[frozenset[str], np.ndarray | None]]:
-        """For each wanted group: the distinct descriptions of its mentions, and their mean unit
-        embedding (None without embeddings), all read in one pass."""
+        """For each wanted group: the distinct descriptions of its mentions, and the mean unit
+        embedding of those of its longest embedding length (None without embeddings), all read
+        in one pass. A group's evidence depends on its own mentions alone, not on which other
+        groups are wanted with it (and no other pass over every mention's embedding is needed)."""
         wanted = sorted(set(wanted))
         connection = self.source.connection
         keys = pa.table({"group": pa.array(wanted, pa.int64()), "type": [self.types[g] for g in wanted],
@@ -365,24 +368,35 @@ class NameGroups:
         taken = connection.sql(f"""
             SELECT w."group", m.description, m.embedding FROM mentions m JOIN _wanted_groups w USING (type, name)
             WHERE length(m.name) > 0 ORDER BY w."group", {', '.join('m.' + c.strip() for c in _ORDER.split(','))}""").to_arrow_table()
-        width = connection.execute("""SELECT coalesce(max(length(embedding)), 0) FROM mentions
-                                      WHERE type = ? AND length(name) > 0""", [ORGANIZATION]).fetchall()[0][0]
         connection.unregister("_wanted_groups")
         owners = taken.column("group").to_numpy()
         descriptions: dict[int, set[str]] = {group: set() for group in wanted}
         for group, description in zip(owners.tolist(), taken.column("description").to_pylist()):
             if description:
                 descriptions[group].add(description)
-        vectors: dict[int, np.ndarray] = {}
-        matrix, present = embedding_matrix(taken.column("embedding"))
-        if len(matrix) and matrix.shape[1] == width:
-            owners = owners[present]
-            starts = run_starts(owners)
-            totals = np.add.reduceat(matrix, starts, axis=0)
-            for group, total in zip(owners[starts].tolist(), totals):
-                norm = np.linalg.norm(total)
-                vectors[group] = total / norm if norm else total
+        vectors = _mean_vectors(owners, taken.column("embedding"))
         return {group: (frozenset(descriptions[group]), vectors.get(group)) for group in wanted}
+
+
+def _mean_vectors(owners: np.ndarray, embeddings: pa.ChunkedArray) -> dict[int, np.ndarray]:
+    """Each owner's mean unit vector (`owners` sorted, one per row of `embeddings`): the sum of
+    its embeddings of its longest length, normalised; owners without one are left out."""
+    lengths = pc.fill_null(pc.list_value_length(embeddings), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if not len(lengths):
+        return {}
+    starts = run_starts(owners)
+    longest = np.maximum.reduceat(lengths, starts)
+    chosen = (lengths == np.repeat(longest, np.diff(np.r_[starts, len(owners)]))) & (lengths > 0)
+    vectors: dict[int, np.ndarray] = {}
+    for width in np.unique(lengths[chosen]).tolist():
+        rows = np.flatnonzero(chosen & (lengths == width))
+        matrix, _ = embedding_matrix(embeddings.take(pa.array(rows)))
+        firsts = run_starts(owners[rows])
+        totals = np.add.reduceat(matrix, firsts, axis=0)
+        for group, total in zip(owners[rows][firsts].tolist(), totals):
+            norm = np.linalg.norm(total)
+            vectors[group] = total / norm if norm else total
+    return vectors
 
 
 def _group_mentions(source: MentionSource) -> NameGroups:
@@ -525,8 +539,8 @@ def _descriptions_agree(groups: NameGroups, pairs: list[tuple[int, int]], offset
 
     def agree(a: int, b: int) -> bool:
         (descriptions_a, vector_a), (descriptions_b, vector_b) = evidence[a], evidence[b]
-        if vector_a is None or vector_b is None or descriptions_a == descriptions_b:
-            return False
+        if vector_a is None or vector_b is None or vector_a.shape != vector_b.shape or descriptions_a == descriptions_b:
+            return False  # no evidence, vectors of two embedders, or the same boilerplate
         return float(np.dot(vector_a, vector_b)) >= DESCRIPTION_COSINE
 
     return [agree(a, b) for a, b in pairs]
