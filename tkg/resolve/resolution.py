@@ -47,7 +47,6 @@ from rapidfuzz import fuzz, process
 from tkg.core import tables
 from tkg.core.arrays import run_starts
 from tkg.core.companies import Company, load_companies
-from tkg.core.embeddings import embedding_matrix
 from tkg.core.names import company_for_name, fold, organisation_key
 from tkg.core.roles import parse_offices
 
@@ -380,22 +379,20 @@ class NameGroups:
 
 def _mean_vectors(owners: np.ndarray, embeddings: pa.ChunkedArray) -> dict[int, np.ndarray]:
     """Each owner's mean unit vector (`owners` sorted, one per row of `embeddings`): the sum of
-    its embeddings of its longest length, normalised; owners without one are left out."""
-    lengths = pc.fill_null(pc.list_value_length(embeddings), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    if not len(lengths):
-        return {}
-    starts = run_starts(owners)
-    longest = np.maximum.reduceat(lengths, starts)
-    chosen = (lengths == np.repeat(longest, np.diff(np.r_[starts, len(owners)]))) & (lengths > 0)
+    its embeddings of its longest length, normalised; owners without one are left out. One
+    owner's rows are copied at a time: the rows of the organisations wanted can be millions."""
+    lengths = pc.fill_null(pc.list_value_length(embeddings), 0).to_numpy(zero_copy_only=False)
+    starts = run_starts(owners).tolist()
     vectors: dict[int, np.ndarray] = {}
-    for width in np.unique(lengths[chosen]).tolist():
-        rows = np.flatnonzero(chosen & (lengths == width))
-        matrix, _ = embedding_matrix(embeddings.take(pa.array(rows)))
-        firsts = run_starts(owners[rows])
-        totals = np.add.reduceat(matrix, firsts, axis=0)
-        for group, total in zip(owners[rows][firsts].tolist(), totals):
-            norm = np.linalg.norm(total)
-            vectors[group] = total / norm if norm else total
+    for start, stop in zip(starts, [*starts[1:], len(owners)]):
+        longest = int(lengths[start:stop].max())
+        if longest == 0:
+            continue
+        rows = embeddings.slice(start, stop - start).filter(pa.array(lengths[start:stop] == longest)).combine_chunks()
+        matrix = np.asarray(rows.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, longest)
+        total = np.add.reduceat(matrix, [0], axis=0)[0]
+        norm = np.linalg.norm(total)
+        vectors[int(owners[start])] = total / norm if norm else total
     return vectors
 
 
