@@ -747,15 +747,19 @@ def _retired(previous: pa.Table | None, live: pa.Table, registry: dict[str, dict
     no mentions now, and `merged_into` the live entity that holds one of their names."""
     if previous is None or not previous.num_rows:
         return tables.CANONICAL_ENTITIES.empty_table()
+    # most of the previous registry is live: only the rest is read into Python
+    named_now = pa.concat_arrays([live.column("canonical_id").combine_chunks().cast(pa.string()),
+                                  pa.array(sorted(registry), pa.string())])
+    gone = previous.filter(pc.invert(pc.is_in(previous.column("canonical_id"), value_set=named_now)))
+    if not gone.num_rows:
+        return tables.CANONICAL_ENTITIES.empty_table()
     live_ids = set(live.column("canonical_id").to_pylist())
     holder: dict[tuple[str, str], str] = {}
     for row in live.select(["canonical_id", "type", "aliases"]).to_pylist():
         for alias in row["aliases"] or ():
             holder.setdefault((row["type"], _alias_key(row["type"], alias)), row["canonical_id"])
     kept = []
-    for row in previous.to_pylist():
-        if row["canonical_id"] in live_ids or row["canonical_id"] in registry:
-            continue
+    for row in gone.to_pylist():
         row = {column: row.get(column) for column in tables.CANONICAL_ENTITIES.names}
         if not row["merged_into"] or row["merged_into"] not in live_ids:
             names = [row["name"], *(row["aliases"] or ())]
