@@ -747,26 +747,25 @@ def _retired(previous: pa.Table | None, live: pa.Table, registry: dict[str, dict
     no mentions now, and `merged_into` the live entity that holds one of their names."""
     if previous is None or not previous.num_rows:
         return tables.CANONICAL_ENTITIES.empty_table()
-    # most of the previous registry is live: only the rest is read into Python
+    # most of the previous registry is live, and most retired ids point at a live entity:
+    # only the rest is read into Python, and the live aliases only for ids whose entity went too
     named_now = pa.concat_arrays([live.column("canonical_id").combine_chunks().cast(pa.string()),
                                   pa.array(sorted(registry), pa.string())])
     gone = previous.filter(pc.invert(pc.is_in(previous.column("canonical_id"), value_set=named_now)))
     if not gone.num_rows:
         return tables.CANONICAL_ENTITIES.empty_table()
     live_ids = set(live.column("canonical_id").to_pylist())
+    kept = [{**{column: row.get(column) for column in tables.CANONICAL_ENTITIES.names}, "mention_count": 0}
+            for row in gone.to_pylist()]
+    orphans = [row for row in kept if not row["merged_into"] or row["merged_into"] not in live_ids]
     holder: dict[tuple[str, str], str] = {}
-    for row in live.select(["canonical_id", "type", "aliases"]).to_pylist():
+    for row in live.select(["canonical_id", "type", "aliases"]).to_pylist() if orphans else ():
         for alias in row["aliases"] or ():
             holder.setdefault((row["type"], _alias_key(row["type"], alias)), row["canonical_id"])
-    kept = []
-    for row in gone.to_pylist():
-        row = {column: row.get(column) for column in tables.CANONICAL_ENTITIES.names}
-        if not row["merged_into"] or row["merged_into"] not in live_ids:
-            names = [row["name"], *(row["aliases"] or ())]
-            row["merged_into"] = next((holder[(row["type"], _alias_key(row["type"], name))] for name in names
-                                       if name and (row["type"], _alias_key(row["type"], name)) in holder), None)
-        row["mention_count"] = 0
-        kept.append(row)
+    for row in orphans:  # retired now, or merged into an entity gone since: the live one holding one of its names
+        names = [row["name"], *(row["aliases"] or ())]
+        row["merged_into"] = next((holder[(row["type"], _alias_key(row["type"], name))] for name in names
+                                   if name and (row["type"], _alias_key(row["type"], name)) in holder), None)
     return tables.to_table(sorted(kept, key=lambda r: r["canonical_id"]), tables.CANONICAL_ENTITIES)
 
 
