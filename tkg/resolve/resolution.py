@@ -390,7 +390,7 @@ def _mean_vectors(owners: np.ndarray, embeddings: pa.ChunkedArray) -> dict[int, 
             continue
         rows = embeddings.slice(start, stop - start).filter(pa.array(lengths[start:stop] == longest)).combine_chunks()
         matrix = np.asarray(rows.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, longest)
-        total = np.add.reduceat(matrix, [0], axis=0)[0]
+        total = np.add.reduceat(matrix, [0], axis=0)[0]  # rows added in order (sum() pairs them: other last bits)
         norm = np.linalg.norm(total)
         vectors[int(owners[start])] = total / norm if norm else total
     return vectors
