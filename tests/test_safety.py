@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -341,6 +342,34 @@ def test_kill_9_orphans_no_worker_no_run_and_repays_only_requests_in_flight(tmp_
     try:
         statuses = {run.status for run in instance.get_runs()}
         assert dg.DagsterRunStatus.STARTED not in statuses and dg.DagsterRunStatus.FAILURE in statuses
+    finally:
+        instance.dispose()
+
+
+def test_a_killed_run_gives_back_its_publish_slot_at_the_next_start(tmp_path):
+    """A build killed while it published held the one tkg_duckdb_write slot; the next start
+    marks its run failed and frees the slot, so the next publish is not left waiting for it."""
+    from tkg_assets.assets.common import RUN_HOST_TAG, RUN_PID_TAG
+    from tkg_assets.instance import DUCKDB_POOL, fail_orphaned_runs, open_instance
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    instance = open_instance(tmp_path / "dagster_home")
+    try:
+        killed = instance.add_run(dg.DagsterRun(job_name="tkg_build", status=dg.DagsterRunStatus.STARTED, tags={
+            RUN_PID_TAG: str(dead.pid), RUN_HOST_TAG: socket.gethostname()}))
+        storage = instance.event_log_storage
+        assert storage.claim_concurrency_slot(DUCKDB_POOL, killed.run_id, "warehouse").is_claimed
+        assert not storage.claim_concurrency_slot(DUCKDB_POOL, "the next build", "warehouse").is_claimed
+        assert fail_orphaned_runs(instance) == [killed.run_id]
+        assert instance.get_run_by_id(killed.run_id).status == dg.DagsterRunStatus.FAILURE
+        assert storage.claim_concurrency_slot(DUCKDB_POOL, "the next build", "warehouse").is_claimed
+        # a run an older tkg marked failed without freeing its slot: freed at the next start too
+        storage.free_concurrency_slots_for_run("the next build")
+        stuck = instance.add_run(dg.DagsterRun(job_name="tkg_build", status=dg.DagsterRunStatus.FAILURE))
+        assert storage.claim_concurrency_slot(DUCKDB_POOL, stuck.run_id, "warehouse").is_claimed
+        assert fail_orphaned_runs(instance) == []
+        assert storage.claim_concurrency_slot(DUCKDB_POOL, "the build after", "warehouse").is_claimed
     finally:
         instance.dispose()
 

@@ -5,8 +5,9 @@
   run queue sized to the machine, run monitoring, and the concurrency pools.
 - First-time set-up (Dagster creates its SQLite schemas on first use) happens under a file
   lock, so two builds started at once on a fresh home both succeed.
-- Runs that a killed `tkg build` left STARTED are marked failed at the next start, so
-  automation, which waits while any run is in progress, resumes.
+- Runs that a killed `tkg build` left STARTED are marked failed at the next start, and their
+  pool slots given back, so automation, which waits while any run is in progress, resumes, and
+  the next publish gets the slot the killed one held.
 """
 
 from __future__ import annotations
@@ -76,7 +77,24 @@ def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
             instance.report_run_failed(run, message=f"the tkg process running it (pid {pid}) is gone (killed?); "
                                                     "marked failed at the next start")
             orphaned.append(run.run_id)
+    _free_slots_of_ended_runs(instance)
     return orphaned
+
+
+def _free_slots_of_ended_runs(instance: dg.DagsterInstance) -> None:
+    """Give back the pool slots (and places in a pool's queue) of runs no longer in progress.
+    Dagster's daemon frees a finished run's slots, but `tkg build` runs none: a build killed
+    while it published would hold the one tkg_duckdb_write slot, and every later publish would
+    wait for it."""
+    storage = instance.event_log_storage
+    holders = set()
+    for key in storage.get_concurrency_keys():
+        info = storage.get_concurrency_info(key)
+        holders |= info.active_run_ids | {step.run_id for step in info.pending_steps}
+    for run_id in sorted(holders):
+        run = instance.get_run_by_id(run_id)
+        if run is None or run.is_finished:
+            storage.free_concurrency_slots_for_run(run_id)
 
 
 LOCATION_NAME = "tkg"  # the code location workspace.yaml names
