@@ -11,7 +11,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tkg.invalidate.candidates import exact_vectors, merge_ranks, rank_candidates, select_candidates
+from tkg.invalidate.candidates import (
+    blob_vectors,
+    exact_vectors,
+    merge_ranks,
+    pair_candidates,
+    rank_candidates,
+    select_candidates,
+    vector_blobs,
+)
 
 NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
@@ -187,6 +195,45 @@ def test_exact_vectors_give_the_same_cosine_from_any_product():
     finite = np.isfinite(unit).all(axis=1)
     assert np.abs(whole[np.ix_(finite, finite)] - (unit[finite] @ unit[finite].T)).max() < 1e-3
     assert not whole[5].any() and not whole[6].any()
+
+
+def test_vector_blobs_hold_the_exact_vectors_of_each_row_by_itself():
+    """The shard steps read vectors fact_blocks rounded (`vector_blobs`), in DuckDB's chunks of
+    rows: the floats they decode are exact_vectors' of the whole matrix, bit for bit, in any order."""
+    rng = np.random.default_rng(11)
+    raw = rng.standard_normal((5000, 64)).astype(np.float32) * rng.uniform(0.01, 100, (5000, 1)).astype(np.float32)
+    raw[7] = 0
+    raw[8, 2] = np.nan
+    raw[9] = 1e-30  # underflows to a zero norm in float32
+    column = pa.array(list(raw), pa.list_(pa.float32()))
+    whole = exact_vectors(raw)
+    chunks = pa.chunked_array([vector_blobs(column.slice(start, 2048)) for start in range(0, 5000, 2048)])
+    assert chunks.type == pa.binary() and set(pc.binary_length(chunks).to_pylist()) == {128}
+    assert np.array_equal(blob_vectors(chunks), whole)
+    order = rng.permutation(5000)
+    assert np.array_equal(blob_vectors(chunks, order), exact_vectors(raw, order))
+    assert np.array_equal(blob_vectors(chunks.combine_chunks().slice(100, 50)), whole[100:150])  # an offset array
+
+
+def test_vector_blobs_keep_nulls_and_other_widths_and_the_reader_refuses_them():
+    mixed = pa.array([[3.0, 4.0], None, [1.0, 0.0, 0.0], [0.0, -2.0]], pa.list_(pa.float32()))
+    blobs = vector_blobs(mixed)
+    assert blobs.is_null().to_pylist() == [False, True, False, False]
+    assert pc.binary_length(blobs).to_pylist() == [4, None, 6, 4]
+    assert np.frombuffer(blobs[0].as_py(), "<i2").tolist() == [1229, 1638]  # 0.6 and 0.8 in 2048ths
+    assert np.array_equal(blob_vectors(blobs.take([0, 3])), exact_vectors(np.array([[3, 4], [0, -2]], np.float32)))
+    for wrong in (blobs, blobs.take([0, 2])):
+        with pytest.raises(ValueError, match="no embedding or one of another size"):
+            blob_vectors(wrong)
+
+
+def test_ranks_and_pairs_are_the_same_from_vectors_as_from_embeddings():
+    facts, links = random_graph(5)
+    as_blobs = facts.append_column("vector", vector_blobs(facts.column("embedding"))).drop_columns(["embedding"])
+    assert rank_candidates(as_blobs, links).equals(rank_candidates(facts, links))
+    selected = rank_candidates(facts, links)
+    assert pair_candidates(as_blobs, selected).equals(pair_candidates(facts, selected))
+    assert pair_candidates(facts, selected).num_rows > 50
 
 
 def test_identical_statements_tie_on_the_smaller_fact():

@@ -159,9 +159,9 @@ STAGES: tuple[Stage, ...] = (
         "fact_blocks", "invalidation",
         "The facts invalidation compares (FACT, non-ATEMPORAL events with triplets, each with the key of the fact it "
         "states) and the blocks they fall in: facts sharing a canonical entity under a predicate group. Written split "
-        "into shards, a stable hash of the block, with each shard's facts, embeddings and canonical triplets, so a "
-        "shard's comparisons need nothing else. A run that changed few rows (a new quarter) writes them as a delta on "
-        "the last version rather than every row again.",
+        "into shards, a stable hash of the block, with each shard's facts, their vectors (rounded once, as the "
+        "comparisons use them) and canonical triplets, so a shard's comparisons need nothing else. A run that "
+        "changed few rows (a new quarter) writes them as a delta on the last version rather than every row again.",
         code_version=lambda f: f"{INVALIDATION_VERSION}:{f.shards}:{f.policy}", compute=invalidate.fact_blocks,
         inputs=("temporal_events", "triplets", "canonical_entities"), kind="global", published=False,
         tables=(Table("fact_blocks", tables.SHARD_SUMMARY),),

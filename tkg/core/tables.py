@@ -124,10 +124,11 @@ FACT_RELEVANCE = pa.schema([
 
 # -- the intermediate tables of the sharded global steps (tkg.invalidate.stages); not published --
 
-# The facts invalidation looks at (FACT, non-ATEMPORAL events with triplets) and the fact each states.
+# The facts invalidation looks at (FACT, non-ATEMPORAL events with triplets) and the fact each
+# states; `vector` is the embedding rounded as cosines use it (tkg.invalidate.candidates.vector_blobs).
 FACTS = pa.schema([
     ("event_id", pa.string()), ("statement", pa.string()), ("statement_type", pa.string()), ("temporal_type", pa.string()),
-    ("valid_at", TIMESTAMP), ("invalid_at", TIMESTAMP), ("created_at", TIMESTAMP), ("embedding", EMBEDDING),
+    ("valid_at", TIMESTAMP), ("invalid_at", TIMESTAMP), ("created_at", TIMESTAMP), ("vector", pa.binary()),
     ("fact_key", pa.string()),
 ])
 # The blocks: the facts sharing a canonical entity under a predicate group.

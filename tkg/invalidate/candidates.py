@@ -32,7 +32,8 @@ How, in two vectorised steps:
    pairs that could be kept (a failed cosine passes the turn to the next restatement).
 
 Cosines are computed on embeddings rounded so that float32 holds every dot product exactly
-(`exact_vectors`): the same pair gets the same cosine whichever product computed it.
+(`exact_vectors`): the same pair gets the same cosine whichever product computed it. The
+sharded steps get them rounded already, as integers (`vector_blobs`, `blob_vectors`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,71 @@ def exact_vectors(embeddings: np.ndarray, rows: np.ndarray | None = None) -> np.
     return vectors
 
 
+def vector_blobs(embeddings: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Each embedding of a list<float> column as its exact vector (`exact_vectors`) in binary:
+    the multiples of 1 / QUANTUM as little-endian int16 (|component| <= 1, so at most QUANTUM).
+    Half the bytes of the floats, and whoever reads them back (`blob_vectors`) neither
+    normalises nor rounds. A row is rounded by itself, so a vector does not depend on the rows
+    around it; a null embedding stays null."""
+    lists = embeddings.combine_chunks() if isinstance(embeddings, pa.ChunkedArray) else embeddings
+    lengths = pc.fill_null(pc.list_value_length(lists), -1).to_numpy(zero_copy_only=False)
+    widths = np.unique(lengths[lengths >= 0])
+    if len(widths) == 1 and lists.null_count == 0:  # one embedder, every row (the usual case): one pass
+        width = int(widths[0])
+        data = _rounded(lists.flatten().to_numpy(zero_copy_only=False), width)
+        offsets = np.arange(len(lists) + 1, dtype=np.int64) * (2 * width)
+        large = offsets[-1] > np.iinfo(np.int32).max
+        return pa.Array.from_buffers(pa.large_binary() if large else pa.binary(), len(lists),
+                                     [None, pa.py_buffer(offsets if large else offsets.astype(np.int32)), pa.py_buffer(data)])
+    blobs: list[bytes | None] = [None] * len(lists)
+    for width in widths:
+        rows = np.flatnonzero(lengths == width)
+        data = _rounded(lists.take(pa.array(rows)).flatten().to_numpy(zero_copy_only=False), int(width))
+        step = 2 * int(width)
+        for number, row in enumerate(rows):
+            blobs[row] = data[number * step:(number + 1) * step]
+    return pa.array(blobs, pa.binary())
+
+
+def _rounded(values: np.ndarray, width: int) -> bytes:
+    """Rows of `width` floats as their exact vectors' multiples of 1 / QUANTUM (int16 bytes)."""
+    if width == 0:
+        return b""
+    matrix = np.asarray(values, dtype=np.float32).reshape(-1, width)
+    return np.rint(exact_vectors(matrix) * QUANTUM).astype("<i2").tobytes()
+
+
+def blob_vectors(blobs: pa.Array | pa.ChunkedArray, rows: np.ndarray | None = None) -> np.ndarray:
+    """The float32 matrix of `vector_blobs` (`rows`: these rows, in this order): the same
+    values `exact_vectors` gives for the embeddings. Raises when a row has no vector or one of
+    another size (two embedders in one store)."""
+    array = blobs.combine_chunks() if isinstance(blobs, pa.ChunkedArray) else blobs
+    lengths = pc.binary_length(array)
+    smallest, largest = pc.min_max(lengths).values()
+    if array.null_count or smallest.as_py() != largest.as_py() or not largest.as_py() or largest.as_py() % 2:
+        if len(array):
+            raise ValueError("some events carry no embedding or one of another size; rebuild temporal_events with one embedder")
+        return np.zeros((0, 0), dtype=np.float32)
+    width = largest.as_py() // 2
+    offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    start = int(np.frombuffer(array.buffers()[1], dtype=offset_type, count=1, offset=array.offset * np.dtype(offset_type).itemsize)[0])
+    integers = np.frombuffer(array.buffers()[2], dtype="<i2", count=len(array) * width, offset=start).reshape(-1, width)
+    vectors = (integers if rows is None else integers[rows]).astype(np.float32)
+    vectors /= QUANTUM
+    return vectors
+
+
+def _vectors(facts: pa.Table, order: np.ndarray) -> np.ndarray:
+    """The facts' exact vectors in `order`: from their `vector` (rounded by fact_blocks) or
+    rounded here from their `embedding`."""
+    if "vector" in facts.column_names:
+        return blob_vectors(facts.column("vector"), order)
+    matrix, present = embedding_matrix(facts.column("embedding"))
+    if not present.all():
+        raise ValueError("some events carry no embedding or one of another size; rebuild temporal_events with one embedder")
+    return exact_vectors(matrix, order)
+
+
 class _Facts:
     """The facts as arrays indexed 0..n-1 in event_id order."""
 
@@ -98,10 +164,7 @@ class _Facts:
             return facts.column(name).take(order)
 
         self.ids = column("event_id").combine_chunks()
-        matrix, present = embedding_matrix(facts.column("embedding"))
-        if not present.all():
-            raise ValueError("some events carry no embedding or one of another size; rebuild temporal_events with one embedder")
-        self.vectors = exact_vectors(matrix, order)
+        self.vectors = _vectors(facts, order)
         self.start = _micros(column("valid_at"))
         self.end_or_never = _micros(column("invalid_at"))
         self.bound = np.where(self.end_or_never == _NEVER, self.start, self.end_or_never)
@@ -410,8 +473,9 @@ def rank_candidates(facts: pa.Table, links: pa.Table, min_cosine: float = 0.5, t
     blocks'): in each block, each incoming event's top_k facts per candidate type with their
     best cosine in the block. A block's rows depend on its members alone.
 
-    `facts`: event_id, temporal_type, valid_at, invalid_at, embedding, fact_key (FACT,
-    non-ATEMPORAL). `links`: event_id, canonical_id, predicate_group per triplet endpoint.
+    `facts`: event_id, temporal_type, valid_at, invalid_at, embedding (or vector, see
+    `vector_blobs`), fact_key (FACT, non-ATEMPORAL). `links`: event_id, canonical_id,
+    predicate_group per triplet endpoint.
 
     `fresh`: a boolean column of `links` marking the members a block gained since its ranks
     were last computed (the others unchanged). Then only the rows those members change are

@@ -18,7 +18,8 @@ once per shard, on that shard's rows alone (one process, its memory bounded by i
 
 Set work (joins, blocking, the merges) runs as DuckDB SQL that spills to disk past the step's
 memory (TKG_STEP_MEMORY); embeddings are read only by the shard steps, for the facts they
-compare (a block whose members did not change is told so by the hashes of their rows). An
+compare (a block whose members did not change is told so by the hashes of their rows), as the
+exact vectors `fact_blocks` rounded once for every step that reads them. An
 entity merge or split in resolution moves facts between blocks, and so between shards:
 `fact_blocks` recomputes every block from the current canonical ids, so a moved fact is
 compared in its new blocks and nowhere else. Results never depend on the number of shards.
@@ -28,15 +29,18 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from contextlib import suppress
 from datetime import date
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+from duckdb.sqltypes import BLOB, FLOAT
 
 from tkg.core import policy, tables
 from tkg.core.results import StageJob, StageResult
 from tkg.core.versions import stamp_of_schema
-from tkg.invalidate.candidates import merge_ranks, pair_candidates, rank_candidates, select_ranked
+from tkg.invalidate.candidates import merge_ranks, pair_candidates, rank_candidates, select_ranked, vector_blobs
 from tkg.invalidate.invalidation import (
     LINKS_SQL,
     fact_event_parameters,
@@ -64,7 +68,7 @@ from tkg.store.splits import ROW_HASH, Replaced, SplitRows, shard_rows, version_
 from tkg.store.warehouse import apply_model, model
 
 # Bump when the phases change how they split, rank, select or pair.
-INVALIDATION_VERSION = "sharded-invalidation-5"
+INVALIDATION_VERSION = "sharded-invalidation-6"
 # Bump when the rules of tkg.invalidate.positions change.
 POSITIONS_VERSION = "positions-8"
 
@@ -122,7 +126,8 @@ def fact_blocks(job: StageJob) -> StageResult:
                           SELECT e.event_id, e.company, e.quarter, coalesce(v.source, $unmatched) AS source
                           FROM events e LEFT JOIN partition_versions v USING (company, quarter)
                           WHERE e.event_id IN (SELECT event_id FROM facts)""", {"unmatched": f"unmatched:{uuid.uuid4()}"})
-    fact_columns = ", ".join(('e.' if name in HEAVY_FACT_COLUMNS else 'f.') + name for name in tables.FACTS.names)
+    register_vector_blobs(connection)
+    fact_columns = ", ".join(HEAVY_FACT_COLUMNS.get(name, f"f.{name}") for name in tables.FACTS.names)
     facts_sql = f"""SELECT {fact_columns}, s.shard, c.source AS _source
                     FROM facts f JOIN fact_shards s USING (event_id) JOIN fact_sources c USING (event_id)
                     JOIN {{events}} e USING (event_id)"""
@@ -154,9 +159,19 @@ def fact_blocks(job: StageJob) -> StageResult:
     return StageResult(summary.cast(tables.SHARD_SUMMARY), counts=Counter(counts), shard_tables=splits)
 
 
-# What the facts split copies from the events: the bulk of its bytes. A fact's row is told
-# changed or not by the version of the partition file they come from, not by reading them.
-HEAVY_FACT_COLUMNS = ("statement", "embedding")
+# What the facts split copies from the events, the bulk of its bytes, as SQL over them: the
+# statement, and the embedding as its exact vector (rounded once here, for every shard step
+# that reads it). A fact's row is told changed or not by the version of the partition file
+# they come from, not by reading them.
+HEAVY_FACT_COLUMNS = {"statement": "e.statement", "vector": "vector_blob(e.embedding) AS vector"}
+
+
+def register_vector_blobs(connection: duckdb.DuckDBPyConnection) -> None:
+    """SQL function `vector_blob(embedding)`: tkg.invalidate.candidates.vector_blobs, a vector
+    of DuckDB rows at a time."""
+    with suppress(duckdb.InvalidInputException):  # registered before on this connection
+        connection.remove_function("vector_blob")
+    connection.create_function("vector_blob", vector_blobs, [duckdb.list_type(FLOAT)], BLOB, type="arrow")
 
 
 def _partition_versions(job: StageJob) -> pa.Table:
@@ -397,13 +412,13 @@ def judged_pairs(job: StageJob) -> StageResult:
 
 # A fingerprint of each judge pair: the pair (its cosine, shared entity and group are in its
 # judgment) and what the judge reads of its two events (the fact's columns besides the
-# embedding, which only the pairing reads, and its canonical triplets, in a fixed order).
+# vector, which only the pairing reads, and its canonical triplets, in a fixed order).
 PAIR_FINGERPRINTS_SQL = f"""
     WITH triplet_hashes AS (
         SELECT event_id, string_agg(hash({', '.join(tables.RESOLVED_TRIPLETS.names)})::VARCHAR, ',' ORDER BY triplet_id) AS h
         FROM shard_triplets GROUP BY event_id),
     event_hashes AS (
-        SELECT f.event_id, hash({', '.join('f.' + name for name in tables.FACTS.names if name != 'embedding')}, t.h) AS h
+        SELECT f.event_id, hash({', '.join('f.' + name for name in tables.FACTS.names if name != 'vector')}, t.h) AS h
         FROM shard_facts f LEFT JOIN triplet_hashes t USING (event_id))
     SELECT p.primary_event_id, p.secondary_event_id,
            md5(concat_ws(':', hash(p.primary_event_id, p.secondary_event_id, p.cosine, p.shared_entity_id, p.predicate_group),
