@@ -58,6 +58,7 @@ BATCH_ROWS = 256  # small blocks are packed into one product up to this many eve
 EXPAND_CHUNK = 4096  # pairs whose cosines are computed at once (gathers that stay in cache)
 _NEVER = np.iinfo(np.int64).max
 QUANTUM = 2**11  # embedding components are rounded to multiples of 1 / QUANTUM (see exact_vectors)
+_MIXED_EMBEDDINGS = "some events carry no embedding or one of another size; rebuild temporal_events with one embedder"
 # the cores this process may run on (a container's share, not the host's count)
 WORKERS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
@@ -120,7 +121,7 @@ def _rounded(values: np.ndarray, width: int) -> bytes:
     if width == 0:
         return b""
     matrix = np.asarray(values, dtype=np.float32).reshape(-1, width)
-    return np.rint(exact_vectors(matrix) * QUANTUM).astype("<i2").tobytes()
+    return (exact_vectors(matrix) * QUANTUM).astype("<i2").tobytes()  # whole numbers already: exact
 
 
 def blob_vectors(blobs: pa.Array | pa.ChunkedArray, rows: np.ndarray | None = None) -> np.ndarray:
@@ -128,13 +129,12 @@ def blob_vectors(blobs: pa.Array | pa.ChunkedArray, rows: np.ndarray | None = No
     values `exact_vectors` gives for the embeddings. Raises when a row has no vector or one of
     another size (two embedders in one store)."""
     array = blobs.combine_chunks() if isinstance(blobs, pa.ChunkedArray) else blobs
-    lengths = pc.binary_length(array)
-    smallest, largest = pc.min_max(lengths).values()
-    if array.null_count or smallest.as_py() != largest.as_py() or not largest.as_py() or largest.as_py() % 2:
-        if len(array):
-            raise ValueError("some events carry no embedding or one of another size; rebuild temporal_events with one embedder")
+    if not len(array):
         return np.zeros((0, 0), dtype=np.float32)
-    width = largest.as_py() // 2
+    smallest, largest = (value.as_py() for value in pc.min_max(pc.binary_length(array)).values())
+    if array.null_count or smallest != largest or not largest or largest % 2:
+        raise ValueError(_MIXED_EMBEDDINGS)
+    width = largest // 2
     offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
     start = int(np.frombuffer(array.buffers()[1], dtype=offset_type, count=1, offset=array.offset * np.dtype(offset_type).itemsize)[0])
     integers = np.frombuffer(array.buffers()[2], dtype="<i2", count=len(array) * width, offset=start).reshape(-1, width)
@@ -150,7 +150,7 @@ def _vectors(facts: pa.Table, order: np.ndarray) -> np.ndarray:
         return blob_vectors(facts.column("vector"), order)
     matrix, present = embedding_matrix(facts.column("embedding"))
     if not present.all():
-        raise ValueError("some events carry no embedding or one of another size; rebuild temporal_events with one embedder")
+        raise ValueError(_MIXED_EMBEDDINGS)
     return exact_vectors(matrix, order)
 
 
