@@ -6,6 +6,7 @@ import random
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,6 +19,7 @@ from tkg.invalidate.candidates import (
     pair_candidates,
     rank_candidates,
     select_candidates,
+    select_ranked,
     vector_blobs,
 )
 
@@ -258,3 +260,31 @@ def test_no_facts_or_links_give_no_pairs():
     facts, links = random_graph(1, events=20)
     assert select_candidates(facts.slice(0, 0), links).num_rows == 0
     assert select_candidates(facts, links.slice(0, 0)).num_rows == 0
+
+
+@pytest.mark.parametrize("seed", [21, 22, 23])
+def test_the_pairs_of_some_units_need_only_their_rows_and_facts(seed):
+    """A unit is two facts; the pairs whose events state them come from the selected rows that
+    link an event of one to the other and from the events of the two alone (what lets
+    judged_pairs pair again only the units whose rows or events changed): paired from just
+    those, any set of units gets exactly its pairs of the whole shard's pairing."""
+    facts, links = random_graph(seed, events=600, entities=8)
+    ranks = rank_candidates(facts, links)
+    with duckdb.connect() as connection:
+        connection.register("ranks", ranks)
+        selected = select_ranked(connection, "ranks").to_arrow_table().cast(ranks.schema)
+    every_pair = pair_candidates(facts, selected)
+    fact_of = dict(zip(facts.column("event_id").to_pylist(), facts.column("fact_key").to_pylist()))
+    unit_of_row = [frozenset((fact_of[event], key)) for event, key in
+                   zip(selected.column("incoming_event_id").to_pylist(), selected.column("fact_key").to_pylist())]
+    units = sorted(set(unit_of_row), key=sorted)
+    rng = random.Random(seed)
+    for share in (0.1, 0.5):
+        chosen = set(rng.sample(units, int(share * len(units))))
+        keys = {key for unit in chosen for key in unit}
+        some_facts = facts.filter(pc.is_in(facts.column("fact_key"), pa.array(sorted(keys))))
+        some_rows = selected.filter(pa.array([unit in chosen for unit in unit_of_row]))
+        expected = [row for row in every_pair.to_pylist()
+                    if frozenset((fact_of[row["primary_event_id"]], fact_of[row["secondary_event_id"]])) in chosen]
+        assert pair_candidates(some_facts, some_rows).to_pylist() == expected
+        assert 0 < len(expected) < every_pair.num_rows

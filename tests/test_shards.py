@@ -257,7 +257,8 @@ def test_a_memory_setting_that_is_not_a_size_is_named(tmp_path):
 
 # The outputs of the shard steps, whose rows an increment keeps per block or judge case.
 MEMOISED_TABLES = [("candidate_ranks", "ranked_members"), ("candidate_ranks", "candidate_ranks"),
-                   ("judged_pairs", "judgments"), ("judged_pairs", "judged_fingerprints"), ("judged_pairs", "retirements")]
+                   ("judged_pairs", "judgments"), ("judged_pairs", "judged_fingerprints"), ("judged_pairs", "retirements"),
+                   ("judged_pairs", "paired_events"), ("judged_pairs", "paired_units")]
 
 
 def _shard_outputs(home: Path) -> dict[str, object]:
@@ -284,6 +285,10 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
         shutil.copytree(folder, home / folder.relative_to(two_companies))
     for folder in (home / "parquet").glob(f"*/{withdrawn}"):
         shutil.rmtree(folder)
+    # one shard's last output as an older tkg wrote it, without what its pairs were made from:
+    # still trusted for its verdicts, and that shard pairs every unit again
+    for memo in ("paired_events", "paired_units"):
+        (home / "parquet" / "judged_pairs" / "shard=01" / f"{memo}.parquet").unlink()
 
     report = finish_graph(_runtime(home, 3))
     assert report.counts["blocks_kept"] > report.counts["blocks_grown"] > 0  # grown: only the new pairs ranked
@@ -299,6 +304,11 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert cold_report.counts["blocks_kept"] == cold_report.counts["blocks_grown"] == cold_report.counts["pairs_kept"] == 0
     assert cold_report.counts["selected_every_fact"] == 1
     assert cold_report.counts["incoming_selected"] > report.counts["incoming_selected"]
+    # paired again: only the units (two facts) whose selected rows or events changed (every
+    # unit of shard 01, which lost its memo); a cold build pairs every one
+    assert cold_report.counts["pairs_made_now"] == cold_report.counts["candidate_pairs"]
+    assert 0 < report.counts["pairs_made_now"] < report.counts["candidate_pairs"]
+    assert 0 < report.counts["units_paired_now"] < cold_report.counts["units_paired_now"]
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert increment.keys() == built.keys() and len(built) == 3 * len(MEMOISED_TABLES)
     assert [name for name in built if not increment[name].equals(built[name])] == []

@@ -50,6 +50,9 @@ class Table:
     schema: pa.Schema
     unpublished: tuple[str, ...] = ()  # columns kept in Parquet but not copied into tkg.duckdb
     key: tuple[str, ...] = ()  # a table split by shard: the columns that name a row within a shard
+    # A memo only the stage reads back (what its last output was made from): a last output an
+    # older tkg wrote without it is still trusted, and the stage then does its work in full.
+    memo: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,12 +194,14 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "judged_pairs", "invalidation",
         "One shard's judge pairs (the older event and the earliest restatement of a candidate fact that may retire it) "
-        "and the judge's verdict on each, with its reason; each primary's earliest retirer in the shard. A pair "
-        "whose events did not change since the shard's last output keeps its verdict from it.",
+        "and the judge's verdict on each, with its reason; each primary's earliest retirer in the shard. Against the "
+        "shard's last output, only the facts whose selected rows or events changed are paired again, and a pair whose "
+        "events did not change keeps its verdict from it.",
         code_version=lambda f: f.judge, compute=invalidate.judged_pairs, inputs=("fact_blocks", "candidate_selection"),
         kind="shard", published=False, prompt=TEMPLATES["judge"], counters=("judge",),
         tables=(Table("judgments", tables.INVALIDATION_JUDGMENTS), Table("judged_fingerprints", tables.JUDGED_PAIRS),
-                Table("retirements", tables.RETIREMENTS))),
+                Table("paired_events", tables.PAIRED_EVENTS, memo=True),
+                Table("paired_units", tables.PAIRED_UNITS, memo=True), Table("retirements", tables.RETIREMENTS))),
     Stage(
         "invalidated_events", "invalidation",
         "The bi-temporal history: which DYNAMIC facts a later fact retired, when (invalid_at), when that became known "

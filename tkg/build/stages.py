@@ -327,10 +327,12 @@ def _previous_version(store: ParquetStore, stage: Stage, previous: dict[str, Any
 
 def _trusted_previous(store: ParquetStore, stage: Stage, shard: str | None, stamp: Stamp) -> dict[str, Any]:
     """The stage's last output files (by table name) if one complete run of the same code and
-    the same settings wrote them all (their stamps agree), else nothing: a partial output (items
-    the provider never answered) is never reused."""
-    paths = {table.name: (store.shard_path(stage.name, shard, table.name) if stage.sharded
-                          else store.global_path(stage.name, table.name)) for table in stage.tables}
+    the same settings wrote them all (their stamps agree; a memo table an older tkg did not write
+    is left out), else nothing: a partial output (items the provider never answered) is never reused."""
+    paths = {table.name: path for table in stage.tables
+             for path in [store.shard_path(stage.name, shard, table.name) if stage.sharded
+                          else store.global_path(stage.name, table.name)]
+             if not table.memo or store.is_file(path)}
     stamps = [store.stamp(path) if store.is_file(path) else None for path in paths.values()]
     first = stamps[0]
     if (first is None or any(other != first for other in stamps) or first.code_version != stamp.code_version

@@ -155,6 +155,14 @@ RANK_CHANGES = pa.schema([("since_version", pa.string()), ("incoming_event_id", 
 RANKS_READ = pa.schema([("shard", pa.string()), ("version", pa.string())])
 # Each judge pair of a shard with a fingerprint of what its verdict depends on.
 JUDGED_PAIRS = pa.schema([("primary_event_id", pa.string()), ("secondary_event_id", pa.string()), ("fingerprint", pa.string())])
+# What a shard's judge pairs were made from, for its next run to tell which pairs to make again:
+# each fact it held, with the hash of its row in the facts split and of its canonical triplets
+# (the judge reads them; the pairing does not) ...
+PAIRED_EVENTS = pa.schema([("event_id", pa.string()), ("fact_key", pa.string()), ("fact_hash", pa.uint64()),
+                           ("triplets_hash", pa.uint64())])
+# ... and per unit (two facts, named by a hash of their keys in text order) a digest of the
+# selected rows that link them.
+PAIRED_UNITS = pa.schema([("unit", pa.uint64()), ("digest", pa.uint64())])
 # A primary event's earliest retirer in one shard.
 RETIREMENTS = pa.schema([("event_id", pa.string()), ("invalid_at", TIMESTAMP), ("invalidated_by", pa.string())])
 

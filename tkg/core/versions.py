@@ -74,8 +74,11 @@ class Stamp:
     @classmethod
     def from_json(cls, text: str | bytes) -> Stamp:
         data = json.loads(text)
-        return cls(data["stage"], data["code_version"], dict(data["inputs"]), dict(data.get("missing") or {}),
-                   dict(data.get("parts") or {}), data.get("schema") or "")
+        stamp = cls(data["stage"], data["code_version"], dict(data["inputs"]), dict(data.get("missing") or {}),
+                    dict(data.get("parts") or {}), data.get("schema") or "")
+        if isinstance(data.get("version"), str):  # as `to_json` wrote it: not hashed again for every file at every start
+            stamp.__dict__["version"] = data["version"]
+        return stamp
 
 
 def stamped(table: pa.Table, stamp: Stamp) -> pa.Table:

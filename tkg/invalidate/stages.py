@@ -12,7 +12,9 @@ once per shard, on that shard's rows alone (one process, its memory bounded by i
                                 the shard of the smallest block holding both (the exact merge of
                                 an event whose blocks span shards); only the facts whose ranks
                                 changed are selected again
-    judged_pairs (shard)        pair and judge: each primary's earliest retirer in the shard
+    judged_pairs (shard)        pair and judge: each primary's earliest retirer in the shard; only
+                                the units (two facts) whose selected rows or events changed are
+                                paired again, and only the pairs whose events changed are judged
     invalidated_events (global) retire: the earliest retirer over every shard (the exact merge
                                 of a primary judged in several shards), and figure revisions
 
@@ -371,43 +373,176 @@ def _changed_incoming(job: StageJob, read: dict[str, str]) -> pa.Table | None:
 
 def judged_pairs(job: StageJob) -> StageResult:
     """Pair and judge, in one shard: the judge pairs of the facts selected for this shard, the
-    verdict on each, and each primary's earliest retirer. A verdict depends on its pair alone
-    (the rule judge judges each pair by itself; the LLM judge asks for a primary's candidates
-    at once but keeps each verdict per pair, tkg.llm.extractor.LLMJudge), so a pair whose
-    fingerprint (the pair, and what the judge reads of its two events) is the one it had in
-    this shard's last output keeps its verdict from it, and only the other pairs are judged."""
+    verdict on each, and each primary's earliest retirer.
+
+    The pairs of two facts A and B (their events as primary and secondary, either way round)
+    depend on the selected rows that link an event of one to the other alone, and on the
+    events of A and B (tkg.invalidate.candidates.pair_candidates). So against the shard's last
+    output, a unit {A, B} is paired again only when those rows changed or an event of A or B
+    did (`paired_units`, `paired_events`); the pairs of every other unit are kept, and only the
+    facts of the units paired again are read with their vectors.
+
+    A verdict depends on its pair alone (the rule judge judges each pair by itself; the LLM
+    judge asks for a primary's candidates at once but keeps each verdict per pair,
+    tkg.llm.extractor.LLMJudge), so a pair whose fingerprint (the pair, and what the judge reads
+    of its two events) is the one it had in the last output keeps its verdict, and only the
+    other pairs are judged: the pairs made again, and kept pairs whose events' triplets changed."""
     connection = job.connection
-    facts = _split(job, "fact_blocks", "facts", tables.FACTS)
-    triplets = _split(job, "fact_blocks", "triplets", tables.RESOLVED_TRIPLETS)
-    selected = _split(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS)
-    pairs = pair_candidates(facts, selected, policy.POLICY.min_cosine)
-    connection.register("shard_pairs", pairs)
-    connection.register("shard_facts", facts)
+    facts, paired = _pairs_made_now(job)
+    # the pairs to fingerprint: the ones made now, and kept ones whose events' triplets changed
+    columns = ", ".join(paired.schema.names)
+    connection.execute(f"""CREATE TEMP TABLE shard_pairs AS SELECT {columns} FROM paired_now
+                           UNION ALL SELECT {columns} FROM previous_judgments SEMI JOIN kept_pairs
+                               USING (primary_event_id, secondary_event_id) ANTI JOIN verbatim_pairs
+                               USING (primary_event_id, secondary_event_id)""")
+    connection.execute("""CREATE TEMP TABLE pair_events AS SELECT primary_event_id AS event_id FROM shard_pairs
+                          UNION SELECT secondary_event_id FROM shard_pairs""")
+    connection.register("paired_facts", facts)
+    more = _split(job, "fact_blocks", "facts", tables.FACTS,
+                  "SEMI JOIN pair_events USING (event_id) ANTI JOIN paired_facts USING (event_id)")
+    pair_facts = pa.concat_tables([facts, more]) if more.num_rows else facts
+    connection.register("shard_facts", pair_facts)
+    triplets = _split(job, "fact_blocks", "triplets", tables.RESOLVED_TRIPLETS, "SEMI JOIN pair_events USING (event_id)")
     connection.register("shard_triplets", triplets)
-    fingerprints = connection.sql(PAIR_FINGERPRINTS_SQL).to_arrow_table().cast(tables.JUDGED_PAIRS)
-    connection.register("shard_fingerprints", fingerprints)
-    columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
-    kept = tables.INVALIDATION_JUDGMENTS.empty_table()
-    if job.previous:
-        for name in ("judged_fingerprints", "judgments"):
-            job.store.relation(connection, [job.previous[name]]).create_view(f"previous_{name}", replace=True)
-        connection.execute("""CREATE TEMP TABLE unchanged AS SELECT primary_event_id, secondary_event_id FROM shard_fingerprints
+    connection.execute(f"CREATE TEMP TABLE shard_fingerprints AS {PAIR_FINGERPRINTS_SQL}")
+    connection.execute("""CREATE TEMP TABLE unchanged AS
+                          SELECT primary_event_id, secondary_event_id FROM verbatim_pairs
+                          UNION ALL SELECT primary_event_id, secondary_event_id FROM shard_fingerprints
                               SEMI JOIN previous_judged_fingerprints USING (primary_event_id, secondary_event_id, fingerprint)""")
-        kept = connection.sql(f"SELECT {columns} FROM previous_judgments SEMI JOIN unchanged "
-                              "USING (primary_event_id, secondary_event_id)").to_arrow_table().cast(tables.INVALIDATION_JUDGMENTS)
-    else:
-        connection.execute("CREATE TEMP TABLE unchanged AS SELECT primary_event_id, secondary_event_id FROM shard_fingerprints LIMIT 0")
     changed = connection.sql("SELECT * FROM shard_pairs ANTI JOIN unchanged USING (primary_event_id, secondary_event_id)")
-    judged, _, judge_counts = judge_pairs(changed.to_arrow_table().cast(pairs.schema), facts, triplets, job.providers.judge)
-    judgments = pa.concat_tables([kept, judged]).sort_by(
-        [("primary_event_id", "ascending"), ("secondary_event_id", "ascending")])
-    connection.register("shard_judgments", judgments)
+    judged, _, judge_counts = judge_pairs(changed.to_arrow_table().cast(paired.schema), pair_facts, triplets,
+                                          job.providers.judge)
+    connection.register("judged_now", judged)
+    columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
+    connection.execute(f"""CREATE TEMP TABLE shard_judgments AS
+                           SELECT {columns} FROM previous_judgments SEMI JOIN unchanged USING (primary_event_id, secondary_event_id)
+                           UNION ALL SELECT {columns} FROM judged_now""")
     retired = connection.sql(EARLIEST_RETIRER_SQL).to_arrow_table().cast(tables.RETIREMENTS)
-    counts = Counter({"candidate_pairs": pairs.num_rows, "judged_pairs": judgments.num_rows,
-                      "true_verdicts": int(pc.sum(judgments.column("invalidates")).as_py() or 0),
-                      "pairs_kept": kept.num_rows, "pairs_judged_now": judge_counts["judged_pairs"]})
-    return StageResult(retired, tables={"judgments": judgments, "judged_fingerprints": fingerprints, "retirements": retired},
-                       counts=counts, metadata={"judge": job.providers.judge.name})
+    pairs, true_verdicts = connection.execute("SELECT count(*), coalesce(count_if(invalidates), 0) FROM shard_judgments").fetchall()[0]
+    counts = Counter({"candidate_pairs": pairs, "judged_pairs": pairs, "true_verdicts": true_verdicts,
+                      "pairs_kept": _count(connection, "unchanged"), "pairs_judged_now": judge_counts["judged_pairs"],
+                      "pairs_made_now": paired.num_rows, "units_paired_now": _count(connection, "repaired_units"),
+                      "facts_read": pair_facts.num_rows})
+    in_order = "ORDER BY primary_event_id, secondary_event_id"
+    return StageResult(retired, counts=counts, metadata={"judge": job.providers.judge.name}, tables={
+        "judgments": connection.sql(f"SELECT * FROM shard_judgments {in_order}"),
+        "judged_fingerprints": connection.sql(f"""
+            SELECT * FROM previous_judged_fingerprints SEMI JOIN verbatim_pairs USING (primary_event_id, secondary_event_id)
+            UNION ALL SELECT * FROM shard_fingerprints {in_order}"""),
+        "retirements": retired,
+        "paired_events": connection.sql("SELECT event_id, fact_key, fact_hash, triplets_hash FROM event_states ORDER BY event_id"),
+        "paired_units": connection.sql("SELECT unit, digest FROM unit_states ORDER BY unit")})
+
+
+def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
+    """The facts read with their vectors and the pairs made from them (`paired_now` on the
+    connection): every unit's on the first run (or after a last output without its memo), the
+    repaired units' on the others; `kept_pairs` and `verbatim_pairs`, the last output's pairs
+    that stand (see judged_pairs)."""
+    connection = job.connection
+    _shard_view(job, "fact_blocks", "facts", tables.FACTS, ["event_id", "fact_key", "valid_at"], "fact_rows")
+    _shard_view(job, "fact_blocks", "triplets", tables.RESOLVED_TRIPLETS, ["event_id"], "triplet_rows")
+    _shard_view(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS, ["incoming_event_id", "fact_key"],
+                "selection_rows")
+    connection.execute(EVENT_STATES_SQL)
+    for name, schema in (("judgments", tables.INVALIDATION_JUDGMENTS), ("judged_fingerprints", tables.JUDGED_PAIRS),
+                         ("paired_events", tables.PAIRED_EVENTS), ("paired_units", tables.PAIRED_UNITS)):
+        (job.store.relation(connection, [job.previous[name]]) if name in job.previous
+         else connection.from_arrow(schema.empty_table())).create_view(f"previous_{name}", replace=True)
+    incremental = "paired_events" in job.previous
+    if incremental:
+        connection.execute(DIRTY_KEYS_SQL)
+    connection.execute(UNIT_STATES_SQL.replace("{touched}", TOUCHED_SQL if incremental else "true"))
+    if incremental:
+        connection.execute(REPAIRED_UNITS_SQL)
+        facts = _split(job, "fact_blocks", "facts", tables.FACTS, "SEMI JOIN repaired_keys USING (fact_key)")
+        selected = _split(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS,
+                          "SEMI JOIN repaired_selections USING (incoming_event_id, fact_key)")
+        connection.execute(KEPT_PAIRS_SQL)
+    else:
+        connection.execute("""CREATE TEMP TABLE repaired_units AS SELECT unit FROM unit_states;
+                              CREATE TEMP TABLE kept_pairs AS SELECT primary_event_id, secondary_event_id
+                                  FROM previous_judged_fingerprints LIMIT 0;
+                              CREATE TEMP TABLE verbatim_pairs AS SELECT * FROM kept_pairs""")
+        facts = _split(job, "fact_blocks", "facts", tables.FACTS)
+        selected = _split(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS)
+    paired = pair_candidates(facts, selected, policy.POLICY.min_cosine)
+    connection.register("paired_now", paired)
+    return facts, paired
+
+
+def _shard_view(job: StageJob, asset: str, table: str, schema: pa.Schema, columns: list[str], name: str) -> None:
+    """View `name`: this job's shard of a split table (of `schema`) over `columns` and its rows'
+    hashes, empty when the shard has none."""
+    rows = shard_rows(job.store, job.connection, asset, job.versions[asset], table, job.shard, [*columns, ROW_HASH])
+    if rows is None:
+        empty = pa.schema([*(schema.field(column) for column in columns), (ROW_HASH, pa.uint64())]).empty_table()
+        rows = job.connection.from_arrow(empty)
+    rows.create_view(name, replace=True)
+
+
+# What a shard's pairs were made from (see judged_pairs): each fact with the hash of its row and
+# of its triplets (`event_states`), and per unit of two facts a digest of the selected rows that
+# link them, whichever way round (`unit_states`). A digest is a count and a sum of row hashes:
+# it does not depend on the order or the files the rows come in. A unit is named by a hash of
+# its two keys; two units sharing one would only be paired again together.
+UNIT_SQL = "hash(least({a}, {b}), greatest({a}, {b}))"
+EVENT_STATES_SQL = f"""
+    CREATE TEMP TABLE event_states AS
+    WITH triplet_sums AS (SELECT event_id, hash(count(*), sum({ROW_HASH})) AS triplets_hash FROM triplet_rows GROUP BY event_id)
+    SELECT f.event_id, f.fact_key, f.valid_at, f.{ROW_HASH} AS fact_hash, coalesce(t.triplets_hash, 0)::UBIGINT AS triplets_hash
+    FROM fact_rows f LEFT JOIN triplet_sums t USING (event_id)"""
+# (`touched`: the row links a fact one of whose events changed, came or left, a `dirty_keys` one)
+UNIT_STATES_SQL = f"""
+    CREATE TEMP TABLE selection_units AS
+    SELECT s.incoming_event_id, s.fact_key, {UNIT_SQL.format(a="e.fact_key", b="s.fact_key")} AS unit,
+           s.{ROW_HASH} AS row_hash, {{touched}} AS touched
+    FROM selection_rows s JOIN event_states e ON e.event_id = s.incoming_event_id;
+    CREATE TEMP TABLE unit_states AS
+    SELECT unit, hash(count(*), sum(row_hash)) AS digest, bool_or(touched) AS touched FROM selection_units GROUP BY unit"""
+TOUCHED_SQL = "e.fact_key IN (SELECT fact_key FROM dirty_keys) OR s.fact_key IN (SELECT fact_key FROM dirty_keys)"
+
+# The units paired again: those whose selected rows changed (or are new, or gone), and those
+# holding a fact one of whose events changed, came or left; the selected rows and the facts
+# that pair them.
+DIRTY_KEYS_SQL = """
+    CREATE TEMP TABLE dirty_keys AS
+    SELECT fact_key FROM (SELECT event_id, fact_key, fact_hash FROM event_states
+                          EXCEPT SELECT event_id, fact_key, fact_hash FROM previous_paired_events)
+    UNION SELECT fact_key FROM (SELECT event_id, fact_key, fact_hash FROM previous_paired_events
+                                EXCEPT SELECT event_id, fact_key, fact_hash FROM event_states)"""
+REPAIRED_UNITS_SQL = """
+    CREATE TEMP TABLE repaired_units AS
+    SELECT unit FROM unit_states WHERE touched
+    UNION SELECT unit FROM (SELECT unit, digest FROM unit_states EXCEPT SELECT unit, digest FROM previous_paired_units);
+    CREATE TEMP TABLE dirty_units AS
+    SELECT unit FROM repaired_units
+    UNION SELECT unit FROM (SELECT unit, digest FROM previous_paired_units EXCEPT SELECT unit, digest FROM unit_states);
+    CREATE TEMP TABLE repaired_selections AS
+    SELECT incoming_event_id, fact_key FROM selection_units SEMI JOIN repaired_units USING (unit);
+    CREATE TEMP TABLE repaired_keys AS
+    SELECT e.fact_key FROM repaired_selections s JOIN event_states e ON e.event_id = s.incoming_event_id
+    UNION SELECT fact_key FROM repaired_selections"""
+
+# The last output's pairs that stand: neither fact of the pair is a dirty key and their unit is
+# not paired again. `verbatim`: neither event's triplets changed either, so the pair keeps its
+# fingerprint and verdict as they are; the others are fingerprinted again.
+KEPT_PAIRS_SQL = f"""
+    CREATE TEMP TABLE kept_pairs AS
+    WITH pairs AS (
+        SELECT j.primary_event_id, j.secondary_event_id, p.fact_key AS primary_fact, s.fact_key AS secondary_fact
+        FROM previous_judged_fingerprints j
+        JOIN previous_paired_events p ON p.event_id = j.primary_event_id
+        JOIN previous_paired_events s ON s.event_id = j.secondary_event_id),
+    triplets_changed AS (SELECT event_id FROM (SELECT event_id, triplets_hash FROM event_states
+                                               EXCEPT SELECT event_id, triplets_hash FROM previous_paired_events))
+    SELECT primary_event_id, secondary_event_id,
+           primary_event_id NOT IN (SELECT event_id FROM triplets_changed)
+           AND secondary_event_id NOT IN (SELECT event_id FROM triplets_changed) AS verbatim
+    FROM pairs
+    WHERE {UNIT_SQL.format(a="primary_fact", b="secondary_fact")} NOT IN (SELECT unit FROM dirty_units)
+      AND primary_fact NOT IN (SELECT fact_key FROM dirty_keys) AND secondary_fact NOT IN (SELECT fact_key FROM dirty_keys);
+    CREATE TEMP TABLE verbatim_pairs AS SELECT primary_event_id, secondary_event_id FROM kept_pairs WHERE verbatim"""
 
 
 # A fingerprint of each judge pair: the pair (its cosine, shared entity and group are in its
@@ -431,7 +566,7 @@ PAIR_FINGERPRINTS_SQL = f"""
 # ties on the event id.
 EARLIEST_RETIRER_SQL = """
     SELECT j.primary_event_id AS event_id, f.valid_at AS invalid_at, j.secondary_event_id AS invalidated_by
-    FROM shard_judgments j JOIN shard_facts f ON f.event_id = j.secondary_event_id
+    FROM shard_judgments j JOIN event_states f ON f.event_id = j.secondary_event_id
     WHERE j.invalidates
     QUALIFY row_number() OVER (PARTITION BY j.primary_event_id ORDER BY f.valid_at, j.secondary_event_id) = 1
     ORDER BY event_id"""
