@@ -24,7 +24,7 @@ def test_stamps_follow_the_files_through_rewrites_additions_and_removals(tmp_pat
         _write(store, path, stamp)
     assert {path: stamp.version for path, stamp in _stamps(store, ["stage"]).items()} == \
         {path: stamp.version for path, stamp in first.items()}
-    assert store.is_file(store.absolute(manifest.MANIFEST))
+    assert store.is_file(store.absolute(manifest.manifest_of("stage")))
 
     # one file rewritten, one added, one removed: only those change, the others come from the manifest
     rewritten = Stamp("stage", "code-2", {"up": "v1-new"}, parts={"01": "abc"})
@@ -41,25 +41,46 @@ def test_stamps_follow_the_files_through_rewrites_additions_and_removals(tmp_pat
 
     # what the manifest file holds is each file's stamp, read back by a process that never saw it
     manifest._LAST_READ.clear()
-    on_disk = store.read(store.absolute(manifest.MANIFEST)).to_pydict()
+    on_disk = store.read(store.absolute(manifest.manifest_of("stage"))).to_pydict()
     held = {path: Stamp.from_json(text).version for path, text in zip(on_disk["path"], on_disk["stamp"])}
     assert held == {path: stamp.version for path, stamp in now.items()}
     assert _stamps(store, ["stage"]) == now
 
 
 def test_a_process_holding_an_older_manifest_reads_the_new_one(tmp_path):
-    """A process that read the manifest before another rewrote it sees the new stamps, not its
+    """A process that read a manifest before another rewrote it sees the new stamps, not its
     own parsed copy of the old ones (only unchanged stamp texts are reused)."""
     store = ParquetStore(tmp_path)
     _write(store, "a/a.parquet", Stamp("a", "code", {}))
-    _write(store, "b/b.parquet", Stamp("b", "code", {"a": "1"}))
+    _write(store, "b/x.parquet", Stamp("b", "code", {"a": "1"}))
+    _write(store, "b/y.parquet", Stamp("b", "code", {"a": "1", "n": "y"}))
     manifest.stamped_files(store, ["a", "b"])
     older = dict(manifest._LAST_READ)
-    _write(store, "b/b.parquet", Stamp("b", "code", {"a": "2"}))
-    manifest.stamped_files(store, ["b"])  # the other process learns the new file and rewrites the manifest
+    _write(store, "b/y.parquet", Stamp("b", "code", {"a": "2"}))
+    manifest.stamped_files(store, ["b"])  # the other process learns the new file and rewrites b's manifest
     manifest._LAST_READ.clear()
-    manifest._LAST_READ.update(older)  # this process still holds its older read
-    known = manifest._read_manifest(store)
-    assert known["b/b.parquet"].stamp.inputs == {"a": "2"}
-    (_, before), = older.values()
-    assert known["a/a.parquet"].stamp is before["a/a.parquet"].stamp  # an unchanged stamp is not parsed again
+    manifest._LAST_READ.update(older)  # this process still holds its older reads
+    known = manifest._read_manifest(store, manifest.manifest_of("b"))
+    assert known["b/y.parquet"].stamp.inputs == {"a": "2"}
+    (_, before) = older[str(store.absolute(manifest.manifest_of("b")))]
+    assert known["b/x.parquet"].stamp is before["b/x.parquet"].stamp  # an unchanged stamp is not parsed again
+
+
+def test_each_folder_has_its_own_manifest_and_an_older_single_one_is_removed(tmp_path):
+    """Reading one folder parses and rewrites that folder's manifest alone: a shard step, which
+    reads the global steps' folders, never pays for the partitions' stamps."""
+    store = ParquetStore(tmp_path)
+    _write(store, "parts/company=A/parts.parquet", Stamp("parts", "code", {}))
+    _write(store, "glob/glob.parquet", Stamp("glob", "code", {"parts": "1"}))
+    store.write(store.absolute(manifest.LEGACY_MANIFEST), pa.table({"path": ["parts/company=A/parts.parquet"]}))
+    assert [listed.path for listed in manifest.stamped_files(store, ["glob"])] == ["glob/glob.parquet"]
+    assert not store.is_file(store.absolute(manifest.manifest_of("parts")))
+    assert not store.is_file(store.absolute(manifest.LEGACY_MANIFEST))
+    manifest.stamped_files(store, ["parts", "glob"])
+    parts_manifest = store.absolute(manifest.manifest_of("parts"))
+    written = store.filesystem.get_file_info(str(parts_manifest)).mtime_ns
+    _write(store, "glob/glob.parquet", Stamp("glob", "code", {"parts": "2"}))
+    manifest._LAST_READ.clear()
+    assert _stamps(store, ["parts", "glob"])["glob/glob.parquet"].inputs == {"parts": "2"}
+    assert store.filesystem.get_file_info(str(parts_manifest)).mtime_ns == written  # not rewritten
+    assert store.read(store.absolute(manifest.manifest_of("glob"))).column("path").to_pylist() == ["glob/glob.parquet"]

@@ -25,6 +25,7 @@ from tkg.build.stages import (
     shard_input,
     stale_work,
 )
+from tkg.build.state import HalfBuilt
 from tkg.core.machine import MemoryExceeded
 from tkg.core.companies import DEFAULT_COMPANIES_FILE
 from tkg.settings import Settings
@@ -199,6 +200,33 @@ def test_a_shard_over_its_memory_limit_fails_alone_and_a_rerun_finishes_only_it(
     assert ranks[biggest].stat().st_mtime_ns > published_at
     assert _digest(home / "tkg.duckdb") != published
     assert store.read(store.global_path("invalidated_events", "event_invalidations")).num_rows > 0
+
+
+def test_a_shard_step_reads_the_global_steps_alone_and_refuses_one_older_than_what_it_reads(sample_home, tmp_path):
+    """A shard step reads none of the partitions' stamps (112,000 files at 5M events, for each
+    of a quarter's shard runs): a half-built partition stops the global steps, not a shard
+    whose rows did not change. A global step it reads that is older than the global step that
+    one reads still stops it, naming both."""
+    home = _copy(sample_home, tmp_path / "home")
+    runtime = _runtime(home, 8)
+    ranks = home / "parquet" / "candidate_ranks" / "shard=00" / "candidate_ranks.parquet"
+    built = ranks.stat().st_mtime_ns
+    partitions = sorted((home / "parquet" / "triplets").glob("company=*/quarter=*"))
+    first, last = partitions[0], partitions[-1]
+    (first / "triplets.parquet").unlink()  # a build stopped between two stages of this partition
+    with pytest.raises(HalfBuilt, match="half-built"):
+        run_global(runtime, catalog.stage("fact_blocks"))
+    kept = run_global(runtime, catalog.stage("candidate_ranks"), "00")
+    assert "kept as it is" in " ".join(kept.notes) and ranks.stat().st_mtime_ns == built
+
+    # the partition whole again, and another one gone: canonical_entities runs again, fact_blocks not yet
+    shutil.copy(sample_home / first.relative_to(home) / "triplets.parquet", first / "triplets.parquet")
+    for stage in catalog.PARTITIONED:
+        shutil.rmtree(home / "parquet" / stage.name / last.relative_to(home / "parquet" / "triplets"))
+    run_global(runtime, catalog.stage("canonical_entities"))
+    with pytest.raises(HalfBuilt, match="candidate_ranks shard 00 cannot run yet: fact_blocks older than its inputs"):
+        run_global(runtime, catalog.stage("candidate_ranks"), "00")
+    assert ranks.stat().st_mtime_ns == built
 
 
 def test_a_global_step_past_its_duckdb_memory_fails_named_and_keeps_the_published_graph(sample_home, tmp_path):

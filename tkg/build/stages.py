@@ -206,14 +206,17 @@ def build_partition(runtime: Runtime, partition: Partition, names: set[str], row
 
 
 def run_global(runtime: Runtime, stage: Stage, shard: str | None = None) -> StageResult:
-    """A global stage over every partition of a whole store, or one shard of a shard stage,
-    once the global and shard stages it reads cover the partitions. Its tables are written
+    """A global stage over every partition of a whole store, once the global and shard stages
+    it reads cover the partitions; or one shard of a shard stage, once they are current with
+    each other (`stale_inputs`). Its tables are written
     with one stamp, the stamp table last; a global stage's tables split by shard go first, to a
     folder of their version, which the stamp then commits (older versions are removed)."""
     store, settings = runtime.store, runtime.settings
     shard_keys = shard_keys_of(settings)
-    state = read_state(store, shard_keys)
-    versions = consistent_versions(state)
+    # a shard step reads no partition, so it reads none of their stamps (see `stale_inputs`)
+    with_partitions = shard is None or any(catalog.stage(name).partitioned for name in stage.inputs)
+    state = read_state(store, shard_keys, with_partitions)
+    versions = consistent_versions(state) if with_partitions else None
     problems = stale_inputs(stage, state, versions)
     if problems:
         raise HalfBuilt(f"{stage.name}{' shard ' + shard if shard else ''} cannot run yet: {'; '.join(problems)}")

@@ -77,9 +77,11 @@ class StoreState:
         return self.partitions.get(partition) or {name: None for name in PARTITIONED_NAMES}
 
 
-def read_state(store: ParquetStore, shard_keys: list[str] | None = None) -> StoreState:
+def read_state(store: ParquetStore, shard_keys: list[str] | None = None, with_partitions: bool = True) -> StoreState:
     """The stamps of every partitioned, global and shard stage file of the store (the shards
-    named by `shard_keys`, default the shards of the settings' count)."""
+    named by `shard_keys`, default none). Without partitions, the global and shard stages'
+    alone: what a shard step reads (a few dozen files, where the partitions are 112,000 at 5M
+    events, and a new quarter runs every shard of two shard steps)."""
     partitions: dict[Partition, dict[str, Stamp | None]] = {}
     shard_keys = shard_keys if shard_keys is not None else []
     stamp_files = {f"{stage.name}/{stage.table.name}.parquet": stage.name for stage in GLOBAL if not stage.sharded}
@@ -88,7 +90,7 @@ def read_state(store: ParquetStore, shard_keys: list[str] | None = None) -> Stor
                                                    for stage in GLOBAL if stage.sharded}
     shard_files = {f"{stage.name}/shard={key}/{stage.table.name}.parquet": (stage.name, key)
                    for stage in GLOBAL if stage.sharded for key in shard_keys}
-    listed_files = stamped_files(store, [stage.name for stage in (*PARTITIONED, *GLOBAL)],
+    listed_files = stamped_files(store, [stage.name for stage in ((*PARTITIONED, *GLOBAL) if with_partitions else GLOBAL)],
                                  wanted=lambda path: "/v=" not in path)
     for listed in listed_files:
         parts = listed.path.split("/")
@@ -158,7 +160,7 @@ def consistent_versions(state: StoreState) -> dict[str, dict[str, str]]:
     return versions
 
 
-def stage_version(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]]) -> str:
+def stage_version(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]] | None) -> str:
     """One version for what a stage holds now: its stamp's; every shard's, or every partition's,
     combined ('' for a global stage not built)."""
     if stage.partitioned:
@@ -169,18 +171,21 @@ def stage_version(stage: Stage, state: StoreState, versions: dict[str, dict[str,
     return stamp.version if stamp else ""
 
 
-def global_inputs(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]], shard: str | None = None
+def global_inputs(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]] | None, shard: str | None = None
                   ) -> dict[str, str]:
     """The inputs a global stage (or a shard of a shard stage) should be built from, given what
     the store holds: every partition of a partitioned input, every shard of a shard input,
     combined. A shard reads only its own rows of a global step's split tables: the fingerprint
-    of those rows stands for that input, so the shard is current while they are unchanged."""
+    of those rows stands for that input, so the shard is current while they are unchanged.
+    With `versions` None (the partitions' stamps were not read), partitioned inputs are left out."""
     inputs = outside_versions(stage)
     for upstream in stage.inputs:
         row = BY_NAME[upstream]
         if shard is not None and row.shard_tables:
             stamp = state.globals.get(upstream)
             inputs[upstream] = f"rows:{stamp.parts.get(shard, 'none')}" if stamp is not None else ""
+        elif row.partitioned and versions is None:
+            continue
         else:
             inputs[upstream] = stage_version(row, state, versions)
     if shard is not None:
@@ -196,30 +201,35 @@ def warehouse_inputs(versions: dict[str, dict[str, str]], state: StoreState) -> 
     return inputs
 
 
-def _stamp_reason(stage: Stage, stamp: Stamp | None, expected: dict[str, str], code_versions: dict[str, str] | None
-                  ) -> str | None:
+def _stamp_reason(stage: Stage, stamp: Stamp | None, expected: dict[str, str], code_versions: dict[str, str] | None,
+                  unread: frozenset[str] = frozenset()) -> str | None:
+    """Why `stamp` is not what `stage` would be built from now (`expected`; the inputs `unread`
+    were not read, and are not compared)."""
     if stamp is None:
         return "missing"
     if code_versions is not None and stamp.code_version != code_versions[stage.name]:
         return "code changed"
-    if stamp.inputs != expected:
+    if {name: version for name, version in stamp.inputs.items() if name not in unread} != expected:
         return "older than its inputs"
     if not stamp.complete:
         return "incomplete"
     return None
 
 
-def stale_stage(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]],
+def stale_stage(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]] | None,
                 code_versions: dict[str, str] | None = None) -> str | None:
     """Why a global or shard stage does not cover what it reads (None: it does): missing, older
     than its inputs, incomplete, or (when `code_versions` are given) built by other code. A
-    shard stage is current when every shard is."""
+    shard stage is current when every shard is. With `versions` None, against the global and
+    shard stages it reads alone, not the partitions."""
+    unread = frozenset(name for name in stage.inputs if BY_NAME[name].partitioned) if versions is None else frozenset()
     if not stage.sharded:
-        reason = _stamp_reason(stage, state.globals.get(stage.name), global_inputs(stage, state, versions), code_versions)
+        reason = _stamp_reason(stage, state.globals.get(stage.name), global_inputs(stage, state, versions), code_versions,
+                               unread)
         return f"{'code changed: ' + stage.name if reason == 'code changed' else stage.name + ' ' + reason}" if reason else None
     stale = Counter()
     for key, stamp in state.shards[stage.name].items():
-        reason = _stamp_reason(stage, stamp, global_inputs(stage, state, versions, key), code_versions)
+        reason = _stamp_reason(stage, stamp, global_inputs(stage, state, versions, key), code_versions, unread)
         if reason:
             stale[reason] += 1
     if not stale:
@@ -234,9 +244,13 @@ def stale_globals(versions: dict[str, dict[str, str]], state: StoreState,
     return [reason for stage in GLOBAL if (reason := stale_stage(stage, state, versions, code_versions))]
 
 
-def stale_inputs(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]]) -> list[str]:
+def stale_inputs(stage: Stage, state: StoreState, versions: dict[str, dict[str, str]] | None) -> list[str]:
     """The global and shard stages `stage` reads that are missing or older than their own
-    inputs: it must not run before they are rebuilt."""
+    inputs: it must not run before they are rebuilt. With `versions` None (a shard step, which
+    reads none of the partitions' stamps), older than the global and shard stages they read:
+    whether they cover the newest partitions is theirs to check when they run. A shard's output
+    is a function of the rows it reads, so it is right for the global step as it stands, and it
+    runs again when that step's rows of the shard change."""
     problems = []
     for upstream in stage.inputs:
         row = BY_NAME[upstream]
