@@ -30,14 +30,13 @@ from tkg.build import catalog
 from tkg.build.catalog import Stage
 from tkg.build.state import (
     HalfBuilt,
-    consistent_versions,
     global_inputs,
     outside_versions,
-    read_state,
     stage_path,
     stage_version,
     stale_inputs,
     stale_stage,
+    state_for,
 )
 from tkg.core import tables
 from tkg.core.ids import short_hash
@@ -213,10 +212,7 @@ def run_global(runtime: Runtime, stage: Stage, shard: str | None = None) -> Stag
     folder of their version, which the stamp then commits (older versions are removed)."""
     store, settings = runtime.store, runtime.settings
     shard_keys = shard_keys_of(settings)
-    # a shard step reads no partition, so it reads none of their stamps (see `stale_inputs`)
-    with_partitions = shard is None or any(catalog.stage(name).partitioned for name in stage.inputs)
-    state = read_state(store, shard_keys, with_partitions)
-    versions = consistent_versions(state) if with_partitions else None
+    state, versions = state_for(store, stage, shard_keys, shard is not None)
     problems = stale_inputs(stage, state, versions)
     if problems:
         raise HalfBuilt(f"{stage.name}{' shard ' + shard if shard else ''} cannot run yet: {'; '.join(problems)}")
@@ -350,8 +346,7 @@ def _trusted_previous(store: ParquetStore, stage: Stage, shard: str | None, stam
 def stale_work(runtime: Runtime, stage: catalog.Stage) -> list[str]:
     """What of a global or shard stage must run: ['*'] for a global stage that does not cover
     its inputs, the shards of a shard stage that do not; [] when it is current."""
-    state = read_state(runtime.store, shard_keys_of(runtime.settings))
-    versions = consistent_versions(state)
+    state, versions = state_for(runtime.store, stage, shard_keys_of(runtime.settings), stage.sharded)
     if not stage.sharded:
         return ["*"] if stale_stage(stage, state, versions, runtime.code_versions) else []
     return [key for key, stamp in state.shards[stage.name].items()

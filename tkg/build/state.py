@@ -109,6 +109,17 @@ def read_state(store: ParquetStore, shard_keys: list[str] | None = None, with_pa
     return StoreState(partitions, globals_, shards)
 
 
+def state_for(store: ParquetStore, stage: Stage, shard_keys: list[str], shard_step: bool
+              ) -> tuple[StoreState, dict[str, dict[str, str]] | None]:
+    """The store's state as a run of `stage` needs it, with every partition's versions after
+    checking the partitions are whole (`consistent_versions`). A shard step of a stage that
+    reads no partition gets the global and shard stages' stamps alone, and no versions (None):
+    its shard reads only global steps' rows (see `stale_inputs`)."""
+    with_partitions = not shard_step or any(BY_NAME[name].partitioned for name in stage.inputs)
+    state = read_state(store, shard_keys, with_partitions)
+    return state, consistent_versions(state) if with_partitions else None
+
+
 def stored_partitions(store: ParquetStore) -> list[Partition]:
     """Every partition with at least one stage file in the store."""
     return read_state(store).stored()
