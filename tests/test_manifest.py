@@ -84,3 +84,9 @@ def test_each_folder_has_its_own_manifest_and_an_older_single_one_is_removed(tmp
     assert _stamps(store, ["parts", "glob"])["glob/glob.parquet"].inputs == {"parts": "2"}
     assert store.filesystem.get_file_info(str(parts_manifest)).mtime_ns == written  # not rewritten
     assert store.read(store.absolute(manifest.manifest_of("glob"))).column("path").to_pylist() == ["glob/glob.parquet"]
+    assert len(manifest._LAST_READ) == 2  # both folders' manifests held
+
+    other = ParquetStore(tmp_path / "other")
+    _write(other, "glob/glob.parquet", Stamp("glob", "code", {}))
+    manifest.stamped_files(other, ["glob"])
+    assert list(manifest._LAST_READ) == [str(other.absolute(manifest.manifest_of("glob")))]  # the first store forgotten

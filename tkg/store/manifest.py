@@ -113,7 +113,8 @@ def scan(store: ParquetStore, connection: Any, files: list[PurePath]) -> Any:
 
 # The manifests this process read last, by their files' paths, with their sizes and times: a
 # folder's stamps are parsed once, not at every scan. When a manifest changed (a step wrote
-# files, a reader learned them), only the stamps whose text changed are parsed again.
+# files, a reader learned them), only the stamps whose text changed are parsed again. Only one
+# store's manifests are held: a process that turns to another store forgets the last one's.
 _LAST_READ: dict[str, tuple[tuple[int, int], dict[str, _Entry]]] = {}
 
 
@@ -139,7 +140,7 @@ def _read_manifest(store: ParquetStore, manifest: str) -> dict[str, _Entry]:
         previous = before.get(name)
         stamp = previous.stamp if previous is not None and previous.text == text else (Stamp.from_json(text) if text else None)
         known[name] = _Entry(size, mtime, stamp, text)
-    _LAST_READ[str(path)] = (identity, known)
+    _remember(str(path), identity, known)
     return dict(known)
 
 
@@ -153,6 +154,15 @@ def _write_manifest(store: ParquetStore, manifest: str, known: dict[str, _Entry]
     }, schema=_SCHEMA)
     path = store.write(store.absolute(manifest), table)
     info = store.filesystem.get_file_info(str(path))
-    _LAST_READ[str(path)] = ((int(info.size or 0), mtime_ns(info)), entries)
+    _remember(str(path), (int(info.size or 0), mtime_ns(info)), entries)
     if store.is_file(store.absolute(LEGACY_MANIFEST)):
         store.delete(store.absolute(LEGACY_MANIFEST))
+
+
+def _remember(path: str, identity: tuple[int, int], entries: dict[str, _Entry]) -> None:
+    """Hold `entries` as the last read of the manifest at `path`, and forget the manifests of
+    any other store."""
+    folder = path.rsplit("/", 1)[0]
+    for other in [held for held in _LAST_READ if held.rsplit("/", 1)[0] != folder]:
+        del _LAST_READ[other]
+    _LAST_READ[path] = (identity, entries)
