@@ -54,7 +54,7 @@ def widen(store: Path, target: Path, copies: int) -> dict:
             for copy in range(copies):
                 shutil.copytree(company, target / "parquet" / stage.name / f"{company.name}{f'X{copy}' if copy else ''}",
                                 copy_function=os.link)
-                files += sum(1 for _ in company.rglob("*.parquet"))
+            files += copies * sum(1 for _ in company.rglob("*.parquet"))
     for stage in catalog.GLOBAL:
         if (store / "parquet" / stage.name).exists():
             shutil.copytree(store / "parquet" / stage.name, target / "parquet" / stage.name, copy_function=os.link)

@@ -390,9 +390,9 @@ def judged_pairs(job: StageJob) -> StageResult:
     connection = job.connection
     facts, paired = _pairs_made_now(job)
     # the pairs to fingerprint: the ones made now, and kept ones whose events' triplets changed
-    columns = ", ".join(paired.schema.names)
-    connection.execute(f"""CREATE TEMP TABLE shard_pairs AS SELECT {columns} FROM paired_now
-                           UNION ALL SELECT {columns} FROM previous_judgments SEMI JOIN kept_pairs
+    pair_columns = ", ".join(paired.schema.names)
+    connection.execute(f"""CREATE TEMP TABLE shard_pairs AS SELECT {pair_columns} FROM paired_now
+                           UNION ALL SELECT {pair_columns} FROM previous_judgments SEMI JOIN kept_pairs
                                USING (primary_event_id, secondary_event_id) ANTI JOIN verbatim_pairs
                                USING (primary_event_id, secondary_event_id)""")
     connection.execute("""CREATE TEMP TABLE pair_events AS SELECT primary_event_id AS event_id FROM shard_pairs
