@@ -150,6 +150,8 @@ def test_rows_given_for_the_groups_that_changed_read_and_fingerprint_as_a_whole_
 def test_rows_that_replace_groups_need_the_group_in_their_key_and_a_last_version(tmp_path):
     with pytest.raises(ValueError, match="'group', which is not in its key"):
         Split("facts", SCHEMA, KEY, None, replaces=Replaced("group", "groups"))
+    with pytest.raises(ValueError, match="given whole, not through rows_for"):  # kept rows could not be read whole
+        Split("facts", SCHEMA, KEY, None, rows_for=lambda wanted: None, replaces=Replaced("event_id", "groups"))
     with pytest.raises(ValueError, match="replace groups of a last version, and there is none"):
         _write_replacing(ParquetStore(tmp_path), "a", [], set(), None)
 
@@ -181,9 +183,10 @@ def test_what_cannot_be_a_delta_is_written_whole(tmp_path):
 
 
 def test_a_table_with_heavy_columns_is_hashed_by_what_stands_for_them_and_read_where_it_changed(tmp_path):
-    """A split that hashes a light column standing for its heavy ones (a source version for
-    the vector) is asked, through `rows_for`, for the changed rows' keys alone; a heavy column
-    that changed without its source is not seen (by design: the source stands for it)."""
+    """A split given without its heavy column, hashing a light one that stands for it (a source
+    version for the vector), is asked through `rows_for` for every row's key when written whole,
+    and for the changed rows' keys alone in a delta; a heavy column that changed without its
+    source is not seen (by design: the source stands for it)."""
     random_ = random.Random(11)
     rows = [dict(_row(random_, number), source="s1") for number in range(300)]
     store = ParquetStore(tmp_path)
@@ -197,12 +200,15 @@ def test_a_table_with_heavy_columns_is_hashed_by_what_stands_for_them_and_read_w
                 asked.append(sorted(connection.table(wanted).select("shard", "event_id", "dynamic").fetchall()))
                 return connection.sql(f"SELECT * FROM given SEMI JOIN {wanted} USING (shard, event_id, dynamic)")
 
-            split = SplitRows(connection.table("given"), hashed=("event_id", "dynamic", "group", "score", "source"),
+            split = SplitRows(connection.sql("SELECT * EXCLUDE (embedding) FROM given"),
+                              hashed=("event_id", "dynamic", "group", "score", "source"),
                               rows_for=rows_for).split("facts", SCHEMA, KEY)
             return write_splits(store, connection, "step", version, [split], previous, SHARDS)
 
     write("a", None)
-    assert asked == []  # a whole write reads every row once
+    assert asked == [sorted((row["shard"], row["event_id"], row["dynamic"]) for row in rows)]  # whole: every row, once
+    assert sorted(_read(store, "a")[rows[0]["shard"]]) == sorted(_expected(rows)[rows[0]["shard"]])
+    asked.clear()
     rows[3]["embedding"], rows[3]["source"] = [9.0] * 4, "s2"  # its source changed: rewritten
     rows[4]["embedding"] = [9.0] * 4  # the same source: taken as unchanged
     rows.append(dict(_row(random_, 999), source="s1"))

@@ -95,7 +95,8 @@ def facts_and_links(events: pa.Table, resolved_triplets: pa.Table) -> tuple[pa.T
         connection.register("events", events)
         connection.register("resolved_triplets", resolved_triplets)
         register_predicate_groups(connection)
-        facts = connection.sql(fact_events_sql(), params=fact_event_parameters()).to_arrow_table()
+        facts = connection.sql(f"SELECT * FROM ({fact_events_sql()}) ORDER BY event_id",
+                               params=fact_event_parameters()).to_arrow_table()
         connection.register("facts", facts)
         links = connection.sql(LINKS_SQL + " ORDER BY ALL").to_arrow_table()
     return facts, links

@@ -115,39 +115,39 @@ def fact_blocks(job: StageJob) -> StageResult:
     connection.execute(f"CREATE TEMP TABLE links AS {LINKS_SQL}")
     connection.execute(f"""
         CREATE TEMP TABLE members AS
-        WITH blocks AS (
-            SELECT canonical_id, predicate_group FROM links GROUP BY ALL HAVING count(DISTINCT event_id) > 1)
-        SELECT l.canonical_id, l.predicate_group, l.event_id,
-               {shard_sql("l.canonical_id || '|' || l.predicate_group", shards)} AS shard
-        FROM links l JOIN blocks USING (canonical_id, predicate_group)""")
+        WITH blocks AS (  -- a block's shard hashed once, not once per member
+            SELECT canonical_id, predicate_group, {shard_sql("canonical_id || '|' || predicate_group", shards)} AS shard
+            FROM links GROUP BY canonical_id, predicate_group HAVING count(DISTINCT event_id) > 1)
+        SELECT l.canonical_id, l.predicate_group, l.event_id, b.shard
+        FROM links l JOIN blocks b USING (canonical_id, predicate_group)""")
     connection.execute("CREATE TEMP TABLE fact_shards AS SELECT DISTINCT event_id, shard FROM members")
     # each fact's source: the version of the partition file its text and vector are read from (an
     # event whose file is not found by its company and quarter gets a source of this run's: changed)
     connection.register("partition_versions", _partition_versions(job))
     connection.execute("""CREATE TEMP TABLE fact_sources AS
-                          SELECT e.event_id, e.company, e.quarter, coalesce(v.source, $unmatched) AS source
-                          FROM events e LEFT JOIN partition_versions v USING (company, quarter)
-                          WHERE e.event_id IN (SELECT event_id FROM facts)""", {"unmatched": f"unmatched:{uuid.uuid4()}"})
+                          SELECT f.event_id, f.company, f.quarter, coalesce(v.source, $unmatched) AS source
+                          FROM facts f LEFT JOIN partition_versions v USING (company, quarter)""",
+                       {"unmatched": f"unmatched:{uuid.uuid4()}"})
     register_vector_blobs(connection)
-    fact_columns = ", ".join(HEAVY_FACT_COLUMNS.get(name, f"f.{name}") for name in tables.FACTS.names)
-    facts_sql = f"""SELECT {fact_columns}, s.shard, c.source AS _source
-                    FROM facts f JOIN fact_shards s USING (event_id) JOIN fact_sources c USING (event_id)
-                    JOIN {{events}} e USING (event_id)"""
+    light = tuple(name for name in tables.FACTS.names if name not in HEAVY_FACT_COLUMNS)
+    facts_of = "FROM facts f JOIN fact_shards s USING (event_id) JOIN fact_sources c USING (event_id)"
+    heavy = ", ".join(HEAVY_FACT_COLUMNS.get(name, f"f.{name}") for name in tables.FACTS.names)
 
     def facts_for(wanted: str):
-        """The facts of the partitions that hold the (shard, event_id) pairs in `wanted`: their
-        text and vectors read from those partitions' files alone."""
+        """The facts of the partitions that hold the (shard, event_id) pairs in `wanted`, with
+        their text and vectors read from those partitions' files alone."""
         partitions = connection.execute(f"SELECT DISTINCT company, quarter FROM fact_sources SEMI JOIN {wanted} "
                                         "USING (event_id) ORDER BY ALL").fetchall()
         files = [store.partition_path("temporal_events", company, quarter) for company, quarter in partitions]
         (scan(store, connection, files) if files else connection.from_arrow(tables.EVENTS.empty_table())
          ).create_view("wanted_events", replace=True)
-        return connection.sql(facts_sql.replace("{events}", "wanted_events"))
+        return connection.sql(f"SELECT {heavy}, s.shard, c.source AS _source {facts_of} JOIN wanted_events e USING (event_id)")
 
     splits = {
-        "facts": SplitRows(connection.sql(facts_sql.replace("{events}", "events")),
-                           hashed=(*(name for name in tables.FACTS.names if name not in HEAVY_FACT_COLUMNS), "_source"),
-                           rows_for=facts_for),
+        # the rows without their text and vectors: what tells a changed row from an unchanged one
+        "facts": SplitRows(connection.sql(f"SELECT {', '.join('f.' + name for name in light)}, s.shard, c.source AS _source "
+                                          f"{facts_of}"),
+                           hashed=(*light, "_source"), rows_for=facts_for),
         "members": connection.sql(f"SELECT {', '.join(tables.BLOCK_MEMBERS.names)}, shard FROM members"),
         "triplets": connection.sql(f"""SELECT {', '.join('t.' + name for name in tables.RESOLVED_TRIPLETS.names)}, s.shard
                                         FROM resolved_triplets t JOIN fact_shards s USING (event_id)"""),

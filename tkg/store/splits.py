@@ -50,10 +50,11 @@ class Split:
     the columns readers get, and the key that names a row within a shard.
 
     A row's hash covers `hashed` (by default its columns). A table with heavy columns may
-    instead hash light ones that determine them (the facts hash the version of the partition
-    file their text and vector come from, not the vector), so that DuckDB never reads the
-    heavy columns of unchanged rows, and give `rows_for`: the rows (with `shard` and `hashed`)
-    of the (shard, key) pairs in the named table, read from only where they are."""
+    instead give its rows without them, hashing light ones that determine them (the facts hash
+    the version of the partition file their text and vector come from, not the vector), and
+    give `rows_for`: the whole rows (with `shard` and `hashed`) of the (shard, key) pairs in
+    the named table, read from only where they are. So the heavy columns are read for the rows
+    written alone: the changed ones, or every one when the version is written whole."""
 
     name: str
     schema: pa.Schema
@@ -64,6 +65,8 @@ class Split:
     replaces: Replaced | None = None
 
     def __post_init__(self) -> None:
+        if self.replaces is not None and self.rows_for is not None:
+            raise ValueError(f"{self.name}: rows that replace groups of the last version are given whole, not through rows_for")
         if self.replaces is not None and self.replaces.column not in self.key:
             raise ValueError(f"{self.name}: the rows replace groups of {self.replaces.column!r}, which is not in its key "
                              f"{self.key}: a kept row could share a key with a new one")
@@ -317,8 +320,12 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
             chain = chains[split.name]
             new_chains[split.name] = Chain(split.key, (*chain.segments, version), (*chain.delta_rows, delta_rows[split.name]))
         else:
+            source = f"_rows_{split.name}"
+            if split.rows_for is not None:  # the given rows are light: every one read whole
+                split.rows_for(f"_given_{split.name}").create_view(f"_rows_for_{split.name}", replace=True)
+                source = f"(SELECT * FROM _rows_for_{split.name} SEMI JOIN _given_{split.name} USING (shard, {_quoted(split.key)}))"
             rows = connection.sql(f"SELECT *, {split.key_hash_sql} AS {KEY_HASH}, {split.hash_sql} AS {ROW_HASH} "
-                                  f"FROM _rows_{split.name}")
+                                  f"FROM {source}")
             store.write_split(folder, relation_batches(rows, file_schema))
             store.delete_folder(store.split_folder(asset, version, split.name + DELETED))
             new_chains[split.name] = Chain(split.key, (version,), (0,))
