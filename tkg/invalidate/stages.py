@@ -656,8 +656,8 @@ def _revisions(job: StageJob) -> FigureRevisions:
 def fact_relevance(job: StageJob) -> StageResult:
     """Score every fact for retention and mark the ones to archive (tkg.invalidate.retention)."""
     _partition_view(job, "events", "temporal_events", tables.EVENTS)
-    scored = score_facts(job.connection, "events", retention_settings())
-    scored.create_view("scored", replace=True)
+    # scored once: the counts and the output read the same rows
+    score_facts(job.connection, "events", retention_settings()).to_table("scored")
     archived, facts = job.connection.execute("SELECT count(archive_reason), count(*) FROM scored").fetchall()[0]
-    return StageResult(tables.FACT_RELEVANCE.empty_table(), tables={"fact_relevance": scored},
+    return StageResult(tables.FACT_RELEVANCE.empty_table(), tables={"fact_relevance": job.connection.table("scored")},
                        counts=Counter(archived=archived, facts=facts))
