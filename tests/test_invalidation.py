@@ -7,6 +7,7 @@ import random
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import CORPUS, needs_corpus, offline_runtime
@@ -14,7 +15,7 @@ from tkg.build.graph import build_graph, finish_graph, partitions_of, run_partit
 from tkg.core import tables
 from tkg.core.embeddings import WordLlamaEmbedder
 from tkg.ingest.sources import SAMPLE_PATH, load_source
-from tkg.invalidate.invalidation import invalidate
+from tkg.invalidate.invalidation import facts_and_links, invalidate
 from tkg.invalidate.judges import RuleJudge
 from tkg.store.parquet import ParquetStore
 
@@ -241,3 +242,30 @@ def _cfo_rows(store, person):
             rows.append({"event_id": event["event_id"], "invalid_at": (invalidations.get(event["event_id"]) or {}).get("invalid_at", event["invalid_at"])})
     assert rows, person
     return rows
+
+
+def test_a_facts_key_is_its_canonical_triplets_in_order_whatever_order_they_come_in():
+    """An event of one triplet has that triplet's text as its key; an event of several has them
+    sorted (subject, predicate, object id with the unresolved last, value with none last), so
+    two events stating the same triplets in any order have one key, and one of them alone
+    (another fact) has another."""
+    triplets = [("Intel", "HOLDS_ROLE", "cfo", "CFO"), ("Intel", "REPORTED", None, "$1B"), ("Intel", "REPORTED", None, None),
+                ("AMD", "GUIDED", "rev", "3%"), ("Intel", "HOLDS_ROLE", "ceo", None)]
+    events, rows = scenario(*[(event_id, f"Statement {event_id}.", "DYNAMIC", "2017-01-26", None, triplets[0])
+                              for event_id in ("one", "many", "shuffled")])
+    rows = rows.filter(pc.equal(rows.column("event_id"), "one")).to_pylist()
+    for event_id, order in (("many", [1, 4, 0, 3, 2]), ("shuffled", [2, 0, 3, 4, 1])):
+        for number in order:
+            subject, predicate, obj, value = triplets[number]
+            rows.append({"triplet_id": f"{event_id}{number}", "event_id": event_id, "company": "X", "quarter": None,
+                         "subject_id": subject, "subject": subject, "subject_mention": subject, "predicate": predicate,
+                         "object_id": obj, "object": obj or "an amount", "object_mention": obj, "value": value})
+    facts, _ = facts_and_links(events, pa.Table.from_pylist(rows))
+    keys = dict(zip(facts.column("event_id").to_pylist(), facts.column("fact_key").to_pylist()))
+
+    def text(subject, predicate, obj, value):
+        return "|".join(part for part in (subject, predicate, obj or "an amount", value) if part is not None)
+
+    in_order = sorted(triplets, key=lambda t: (t[0], t[1], t[2] is None, t[2] or "", t[3] is None, t[3] or ""))
+    assert keys == {"one": text(*triplets[0]), "many": ";".join(text(*t) for t in in_order),
+                    "shuffled": ";".join(text(*t) for t in in_order)}
