@@ -383,9 +383,17 @@ def test_temporary_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path
     mine = temporary_path(folder / "statements.parquet")
     theirs = Path(str(mine).replace(f"-{os.getpid()}.", f"-{dead.stdout.strip()}."))
     wal = tmp_path / (theirs.name.replace(".tmp", ".building") + ".wal")
-    for path in (mine, theirs, wal):
+    # a writer that exited and was never reaped (a zombie: in a container whose first process
+    # does not reap a killed build's workers) left its file too
+    unreaped = subprocess.Popen([sys.executable, "-c", "pass"])
+    _wait_for(lambda: Path(f"/proc/{unreaped.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", timeout=30)
+    zombies = Path(str(mine).replace(f"-{os.getpid()}.", f"-{unreaped.pid}."))
+    for path in (mine, theirs, wal, zombies):
         path.write_bytes(b"half")
-    assert sorted(remove_orphaned_temporaries(tmp_path)) == sorted([theirs, wal])
+    try:
+        assert sorted(remove_orphaned_temporaries(tmp_path)) == sorted([theirs, wal, zombies])
+    finally:
+        unreaped.wait()
     assert mine.exists()
 
 

@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 def usable_cores() -> int:
@@ -17,14 +18,25 @@ def usable_cores() -> int:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process `pid` runs on this host (a process of another user counts as alive)."""
+    """Whether process `pid` runs on this host (a process of another user counts as alive). A
+    process that exited but was not reaped (a zombie: a killed build's worker, in a container
+    whose first process does not reap orphans) does not run, though a signal still reaches it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process
-        return True
-    return True
+        pass
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether `pid` exited and waits to be reaped (False where /proc is not there)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]  # the state follows the name, which may hold ')'
 
 
 def resident_bytes() -> int:
