@@ -386,7 +386,7 @@ def test_temporary_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path
     # a writer that exited and was never reaped (a zombie: in a container whose first process
     # does not reap a killed build's workers) left its file too
     unreaped = subprocess.Popen([sys.executable, "-c", "pass"])
-    _wait_for(lambda: Path(f"/proc/{unreaped.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", timeout=30)
+    _wait_for(lambda: not _alive(unreaped.pid), timeout=30)  # exited: held unreaped by this Popen
     zombies = Path(str(mine).replace(f"-{os.getpid()}.", f"-{unreaped.pid}."))
     for path in (mine, theirs, wal, zombies):
         path.write_bytes(b"half")

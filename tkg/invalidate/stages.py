@@ -131,7 +131,7 @@ def fact_blocks(job: StageJob) -> StageResult:
     register_vector_blobs(connection)
     light = tuple(name for name in tables.FACTS.names if name not in HEAVY_FACT_COLUMNS)
     facts_of = "FROM facts f JOIN fact_shards s USING (event_id) JOIN fact_sources c USING (event_id)"
-    heavy = ", ".join(HEAVY_FACT_COLUMNS.get(name, f"f.{name}") for name in tables.FACTS.names)
+    whole = ", ".join(HEAVY_FACT_COLUMNS.get(name, f"f.{name}") for name in tables.FACTS.names)
 
     def facts_for(wanted: str):
         """The facts of the partitions that hold the (shard, event_id) pairs in `wanted`, with
@@ -141,7 +141,7 @@ def fact_blocks(job: StageJob) -> StageResult:
         files = [store.partition_path("temporal_events", company, quarter) for company, quarter in partitions]
         (scan(store, connection, files) if files else connection.from_arrow(tables.EVENTS.empty_table())
          ).create_view("wanted_events", replace=True)
-        return connection.sql(f"SELECT {heavy}, s.shard, c.source AS _source {facts_of} JOIN wanted_events e USING (event_id)")
+        return connection.sql(f"SELECT {whole}, s.shard, c.source AS _source {facts_of} JOIN wanted_events e USING (event_id)")
 
     splits = {
         # the rows without their text and vectors: what tells a changed row from an unchanged one
