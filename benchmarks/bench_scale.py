@@ -23,6 +23,7 @@ on stdout.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -390,23 +391,37 @@ def _newest_quarter(root: Path) -> str:
     return max(path.name for path in (root / "parquet" / "transcripts").glob("company=*/quarter=*"))
 
 
-def hold_back(root: Path, quarter: str) -> dict:
-    """Move every stage file of `quarter`'s partitions out of the store (to root/held_back): the
-    new quarter the increment pass adds. Returns its partitions and events."""
+def reporting_companies(root: Path, quarter: str, count: int | None) -> set[str] | None:
+    """The companies (folder names, `company=X`) whose `quarter` the increment adds: all (None),
+    or `count` of them chosen by a hash of the name, so they spread over the generated copies."""
+    if count is None:
+        return None
+    names = sorted(path.parent.name for path in (root / "parquet" / "transcripts").glob(f"company=*/{quarter}"))
+    return set(sorted(names, key=lambda name: hashlib.sha256(name.encode()).hexdigest())[:count])
+
+
+def hold_back(root: Path, quarter: str, companies: int | None = None) -> dict:
+    """Move the stage files of `quarter`'s partitions (of every company, or of `companies` of
+    them) out of the store (to root/held_back): the new quarter the increment pass adds.
+    Returns its partitions and events."""
     import duckdb
 
-    events = duckdb.sql(f"SELECT count(*) FROM read_parquet('{root}/parquet/temporal_events/company=*/{quarter}/*.parquet')"
-                        ).fetchall()[0][0]
+    chosen = reporting_companies(root, quarter, companies)
+    files = [str(path) for path in sorted((root / "parquet" / "temporal_events").glob(f"company=*/{quarter}/*.parquet"))
+             if chosen is None or path.parent.parent.name in chosen]
+    events = duckdb.execute("SELECT count(*) FROM read_parquet($files)", {"files": files}).fetchall()[0][0] if files else 0
     total = duckdb.sql(f"SELECT count(*) FROM read_parquet('{root}/parquet/temporal_events/company=*/quarter=*/*.parquet')"
                        ).fetchall()[0][0]
     partitions = 0
     for folder in sorted((root / "parquet").glob(f"*/company=*/{quarter}")):
+        if chosen is not None and folder.parent.name not in chosen:
+            continue
         target = root / HELD_BACK / folder.relative_to(root / "parquet")
         target.parent.mkdir(parents=True, exist_ok=True)
         folder.rename(target)
         partitions += folder.parent.parent.name == "transcripts"
     return {"quarter": quarter.removeprefix("quarter="), "partitions": partitions, "events": events,
-            "share_of_events": round(events / total, 4)}
+            "share_of_events": round(events / total, 4), "companies": len(chosen) if chosen is not None else "all"}
 
 
 def bring_back(root: Path) -> None:
@@ -438,7 +453,7 @@ def measure_size(n: int, args, log) -> dict:
     row = {"events_requested": n, "store": {k: v for k, v in generation.items() if k != "phases"}, "shards": args.shards}
     log(f"  store: {generation['events']:,} events, {generation['rows']['entities']:,} mentions, {generation['partitions']:,} "
         f"partitions, {generation['bytes_on_disk'] / 2**30:.1f} GB")
-    row["held_back"] = hold_back(root, _newest_quarter(root))
+    row["held_back"] = hold_back(root, _newest_quarter(root), args.increment_companies)
     log(f"  held back {row['held_back']}")
     row["cold"] = run_pass(root, f"cold_{n}", args, log)
     if n in args.increment_at and row["cold"]["status"] == "ok":
@@ -628,6 +643,11 @@ def _pass_lines(label: str, passed: dict, cold: dict | None = None) -> list[str]
     return lines
 
 
+def _of_companies(held: dict) -> str:
+    companies = held.get("companies", "all")
+    return "" if companies == "all" else f" ({companies} companies)"
+
+
 def markdown(report: dict) -> str:
     lines = ["| store | pass | step | runs | wall s | CPU s | peak RSS GB | notes |", "|---|---|---|---:|---:|---:|---:|---|"]
     for row in report["sizes"]:
@@ -641,7 +661,7 @@ def markdown(report: dict) -> str:
         lines += _pass_lines("cold", row["cold"])
         if "increment" in row:
             lines.append(f"| + {held['events']:,} events ({held['share_of_events']:.1%}) in {held['partitions']:,} partitions "
-                         f"of {held['quarter']} | | | | | | | |")
+                         f"of {held['quarter']}{_of_companies(held)} | | | | | | | |")
             lines += _pass_lines("increment", row["increment"], row["cold"])
     estimate = report.get("cost_estimate")
     if estimate:
@@ -660,7 +680,6 @@ def markdown(report: dict) -> str:
 
 def tkg_revision() -> dict:
     """The commit, and a hash of uncommitted changes under tkg/ (other sessions edit the tree)."""
-    import hashlib
     import subprocess
 
     def git(*arguments: str) -> str:
@@ -676,6 +695,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1000000,5000000,10000000", help="events per store, comma-separated")
     parser.add_argument("--increment-at", default="5000000",
                         help="sizes (comma-separated) at which the held-back quarter is then added and the increment measured")
+    parser.add_argument("--increment-companies", type=int,
+                        help="add the newest quarter of this many companies only (default: of every company)")
     parser.add_argument("--shards", type=int, default=8, help="TKG_SHARDS of the builds")
     parser.add_argument("--reuse", action="store_true", help="reuse a store an earlier run kept (--keep) instead of generating it")
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "tkg_bench_scale")
