@@ -92,26 +92,26 @@ def _retirer(guidance: dict, later: list[dict]) -> tuple[dict, str] | None:
     return None
 
 
-def _period_end(row: dict) -> datetime | None:
-    """The (exclusive) end of the figure's fiscal period on its company's calendar."""
+def _period_end(company_ticker: str, fiscal_year: int, fiscal_quarter: int | None) -> datetime | None:
+    """The (exclusive) end of a fiscal period (a year when `fiscal_quarter` is None) on its company's calendar."""
     try:
-        company = get_company(row["company"])
+        company = get_company(company_ticker)
     except KeyError:
         return None
-    if row["fiscal_quarter"]:
-        _, after = fiscal_quarter_bounds(company.fiscal_year_end_month, row["fiscal_quarter"], row["fiscal_year"])
-    else:
-        _, after = fiscal_quarter_bounds(company.fiscal_year_end_month, 4, row["fiscal_year"])
+    _, after = fiscal_quarter_bounds(company.fiscal_year_end_month, fiscal_quarter or 4, fiscal_year)
     return datetime(after.year, after.month, after.day, tzinfo=timezone.utc)
 
 
-def _closer(guidance: dict, reported_by_period: dict[tuple, list[dict]], calls: list[dict]) -> tuple[dict, str] | None:
+def _closer(guidance: dict, reported_by_period: dict[tuple, list[dict]], calls: list[dict],
+            ends: dict[tuple, datetime | None]) -> tuple[dict, str] | None:
     """Guidance nothing revised or reported closes when its period's results are published: at
     the first later call that reports any figure of the period, or else the first call after the
     period ended (its results were due there). `calls` holds one figure per call, by time."""
     key = (guidance["company"], guidance["fiscal_year"], guidance["fiscal_quarter"])
     reported = next((r for r in reported_by_period.get(key, []) if r["stated_at"] > guidance["stated_at"]), None)
-    end = _period_end(guidance)
+    if key not in ends:  # one period's end, for each of its guidance figures
+        ends[key] = _period_end(*key)
+    end = ends[key]
     after_end = next((c for c in calls if end is not None and c["stated_at"] >= end and c["stated_at"] > guidance["stated_at"]),
                      None)
     if reported is not None and (after_end is None or reported["stated_at"] <= after_end["stated_at"]):
@@ -123,10 +123,15 @@ def _closer(guidance: dict, reported_by_period: dict[tuple, list[dict]], calls: 
     return None
 
 
+# The columns of a figure the revisions read (its text and call are not).
+READ_COLUMNS = ("figure_id", "event_id", "company", "stated_at", "metric", "segment", "basis", "kind", "fiscal_year",
+         "fiscal_quarter", "value", "low", "high", "unit")
+
+
 def revise_figures(figures: pa.Table) -> FigureRevisions:
     """Retire every guidance figure a later call revised or reported (see the module docstring)."""
     by_period: dict[tuple, list[dict]] = defaultdict(list)
-    rows = figures.to_pylist()
+    rows = figures.select(list(READ_COLUMNS)).to_pylist()
     for row in rows:
         by_period[_period_key(row)].append(row)
     reported_by_period: dict[tuple, list[dict]] = defaultdict(list)
@@ -140,12 +145,13 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
         calls_of[company].append(row)
     invalidations, judgments = [], []
     retired: dict[str, dict] = {}
+    ends: dict[tuple, datetime | None] = {}
     for group in by_period.values():
         group.sort(key=lambda r: (r["stated_at"], r["figure_id"]))
         for row in group:
             if row["kind"] != "guidance":
                 continue
-            found = _retirer(row, group) or _closer(row, reported_by_period, calls_of[row["company"]])
+            found = _retirer(row, group) or _closer(row, reported_by_period, calls_of[row["company"]], ends)
             if found is None:
                 continue
             winner, reason = found

@@ -63,7 +63,7 @@ from tkg.invalidate.positions import (
     listings_from_rows,
 )
 from tkg.invalidate.retention import retention_settings, score_facts
-from tkg.invalidate.revisions import FigureRevisions, revise_figures
+from tkg.invalidate.revisions import READ_COLUMNS, FigureRevisions, revise_figures
 from tkg.store.manifest import scan, stamped_files
 from tkg.store.parquet import partition_of
 from tkg.store.splits import ROW_HASH, Replaced, SplitRows, shard_rows, version_rows
@@ -634,7 +634,8 @@ def _revisions(job: StageJob) -> FigureRevisions:
     files = job.store.partition_files("figures")
     if not files:
         return revise_figures(tables.FIGURES.empty_table())
-    figures = scan(job.store, job.connection, files).order("company").to_arrow_table().cast(tables.FIGURES)
+    read = pa.schema([tables.FIGURES.field(name) for name in READ_COLUMNS])  # the columns the revisions read
+    figures = scan(job.store, job.connection, files).select(*READ_COLUMNS).order("company").to_arrow_table().cast(read)
     if figures.num_rows == 0:  # files with no rows (a partial LLM build, calls with no figure)
         return revise_figures(figures)
     companies = figures.column("company")
