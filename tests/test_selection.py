@@ -30,7 +30,7 @@ def _ranks(store: ParquetStore, shard: str, build: str, since: str | None, event
 def _selection_read(store: ParquetStore, read: dict[str, str]) -> dict[str, object]:
     """A last selection's output files (what StageJob.previous holds) that read `read`."""
     path = store.global_path("candidate_selection", "ranks_read")
-    store.write(path, pa.table({"shard": list(read), "version": list(read.values())}, schema=tables.RANKS_READ))
+    store.write(path, pa.table({"shard": list(read), "version": list(read.values())}, schema=tables.SHARDS_READ))
     return {"ranks_read": path, "candidate_selection": store.global_path("candidate_selection")}
 
 

@@ -5,6 +5,7 @@ that cannot run fails alone with a clear message."""
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -14,7 +15,9 @@ import pytest
 import yaml
 
 from tests.conftest import needs_corpus, run_tkg
+from tests.test_warehouse import published_rows
 from tkg.build import catalog
+from tkg.build.catalog import raw_tables
 from tkg.build.graph import finish_graph
 from tkg.build.stages import (
     PROCESS_BASE,
@@ -31,6 +34,7 @@ from tkg.core.companies import DEFAULT_COMPANIES_FILE
 from tkg.settings import Settings
 from tkg.store.parquet import ParquetStore
 from tkg.store.splits import shard_rows
+from tkg.store.warehouse import publish
 
 # The tables the global half publishes, each sorted by all of its columns.
 GRAPH_TABLES = [
@@ -308,7 +312,8 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     withdrawn = calls[0].relative_to(two_companies / "parquet" / "transcripts")
     home = tmp_path / "home"
     shutil.copytree(two_companies, home, ignore=lambda folder, names: [name for name in names if name == newest])
-    finish_graph(_runtime(home, 3))
+    first = finish_graph(_runtime(home, 3), publish_to=home / "tkg.duckdb")
+    assert first.publish.tables["invalidation_judgments"] == "loaded"
     for folder in (two_companies / "parquet").glob(f"*/company=*/{newest}"):
         shutil.copytree(folder, home / folder.relative_to(two_companies))
     for folder in (home / "parquet").glob(f"*/{withdrawn}"):
@@ -318,7 +323,7 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     for memo in ("paired_events", "paired_units"):
         (home / "parquet" / "judged_pairs" / "shard=01" / f"{memo}.parquet").unlink()
 
-    report = finish_graph(_runtime(home, 3))
+    report = finish_graph(_runtime(home, 3), publish_to=home / "tkg.duckdb")
     assert report.counts["blocks_kept"] > report.counts["blocks_grown"] > 0  # grown: only the new pairs ranked
     assert report.counts["pairs_kept"] > report.counts["pairs_judged_now"] > 0
     # selected again: only the incoming facts whose ranks changed in some shard
@@ -346,6 +351,15 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert report.counts["split_written_as_delta"] == 2 and cold_report.counts["split_written_as_delta"] == 0
     assert 0 < report.counts["split_rows_written"] < cold_report.counts["split_rows_written"] / 4
     assert _split_tables(home) == _split_tables(cold)
+    # the published judgments: the changes since the last publish applied (the pairs judged
+    # again gone and new, the revisions' too), equal to a fresh publish of the same store
+    applied = re.fullmatch(r"([\d,]+) row\(s\) deleted, ([\d,]+) inserted", report.publish.tables["invalidation_judgments"])
+    assert applied and 0 < int(applied[1].replace(",", "")) and 0 < int(applied[2].replace(",", "")) \
+        < report.publish.raw_rows["invalidation_judgments"] / 2
+    assert report.counts["judgments_changed"] == sum(int(number.replace(",", "")) for number in applied.groups())
+    fresh = publish(ParquetStore(home), tmp_path / "fresh.duckdb", raw_tables())
+    assert fresh.tables["invalidation_judgments"] == "loaded"
+    assert published_rows(home / "tkg.duckdb") == published_rows(fresh.path)
 
 
 def _split_tables(home: Path) -> dict[str, object]:

@@ -7,10 +7,13 @@ from collections import Counter
 from dataclasses import replace
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from tkg.build.catalog import raw_tables
+from tkg.core import tables
+from tkg.core.versions import Stamp, stamp_of_schema, stamped
 from tkg.store.parquet import ParquetStore
 from tkg.store.warehouse import (
     applied_sha256,
@@ -203,3 +206,65 @@ def test_a_table_loaded_in_pieces_equals_one_loaded_at_once_row_for_row(sample_h
     with duckdb.connect(str(whole.path), read_only=True) as a, duckdb.connect(str(pieces.path), read_only=True) as b:
         assert a.execute(in_order).fetchall() == b.execute(in_order).fetchall()
         assert a.execute("SELECT triplet_id FROM facts").fetchall() == b.execute("SELECT triplet_id FROM facts").fetchall()
+
+
+def test_a_table_with_changes_applies_them_to_the_version_loaded_and_reloads_otherwise(sample_home, tmp_path):
+    """The judgments are published by applying their changes since the version loaded last (a
+    gone row deleted by all of its columns, a new one inserted); changes since another version,
+    or ones that would delete a row twice over, reload the table instead. Every way, the rows
+    equal a fresh publish's."""
+    store_root = tmp_path / "store"
+    shutil.copytree(sample_home / "parquet", store_root / "parquet")
+    store, target = ParquetStore(store_root), tmp_path / "tkg.duckdb"
+    folder = store_root / "parquet" / "invalidated_events"
+    judgments = pq.read_table(folder / "invalidation_judgments.parquet")
+    loaded = stamp_of_schema(judgments.schema)
+    assert publish(store, target, raw_tables()).tables["invalidation_judgments"] == "loaded"
+    rows = judgments.replace_schema_metadata(None)
+    assert rows.num_rows >= 4
+
+    def rewrite(new_rows: pa.Table, gone: pa.Table, added: pa.Table, since: str, number: int) -> None:
+        stamp = Stamp("invalidated_events", loaded.code_version, {**loaded.inputs, "test": str(number)})
+        pq.write_table(stamped(new_rows, stamp), folder / "invalidation_judgments.parquet")
+        changes = pa.concat_tables([
+            pa.table({"since_version": [since], "gone": pa.nulls(1, pa.bool_()),
+                      **{name: pa.nulls(1, field.type) for name, field in zip(rows.schema.names, rows.schema)}}),
+            *(part.add_column(0, "since_version", pa.array([since] * part.num_rows, pa.string()))
+              .add_column(1, "gone", pa.array([flag] * part.num_rows, pa.bool_())) for part, flag in ((gone, True), (added, False)))])
+        pq.write_table(stamped(changes.cast(tables.JUDGMENT_CHANGES), stamp), folder / "judgment_changes.parquet")
+
+    def published_judgments() -> list[tuple]:
+        with duckdb.connect(str(target), read_only=True) as connection:
+            return sorted(connection.execute("SELECT * FROM raw.invalidation_judgments").fetchall(), key=repr)
+
+    def version() -> str:
+        return stamp_of_schema(pq.read_schema(folder / "invalidation_judgments.parquet")).version
+
+    def as_rows(table: pa.Table) -> list[tuple]:
+        return sorted((tuple(row.values()) for row in table.to_pylist()), key=repr)
+
+    # two rows judged again (a new reason), one gone, one new
+    again = rows.slice(0, 2).set_column(3, "reason", pa.array(["judged again"] * 2))
+    added = rows.slice(0, 1).set_column(1, "secondary_event_id", pa.array(["e-new"]))
+    new = pa.concat_tables([rows.slice(3), again, added])
+    rewrite(new, rows.slice(0, 3), pa.concat_tables([again, added]), loaded.version, 1)
+    updated = publish(store, target, raw_tables())
+    assert updated.tables["invalidation_judgments"] == "3 row(s) deleted, 3 inserted"
+    assert published_judgments() == as_rows(new)
+    assert published_rows(target) == published_rows(publish(store, tmp_path / "fresh.duckdb", raw_tables()).path)
+
+    # changes since a version the table was not loaded from: reloaded
+    rewrite(rows, new.slice(0, 1), rows.slice(0, 0), "another version", 2)
+    assert publish(store, target, raw_tables()).tables["invalidation_judgments"] == "reloaded"
+    assert published_judgments() == as_rows(rows)
+
+    # a row stated twice, then once: deleting the gone copy by its columns would delete both,
+    # so the table is reloaded
+    twice = pa.concat_tables([rows, rows.slice(0, 1)])
+    rewrite(twice, rows.slice(0, 0), rows.slice(0, 1), version(), 3)
+    assert publish(store, target, raw_tables()).tables["invalidation_judgments"] == "0 row(s) deleted, 1 inserted"
+    assert published_judgments() == as_rows(twice)
+    rewrite(rows, rows.slice(0, 1), rows.slice(0, 0), version(), 4)
+    assert publish(store, target, raw_tables()).tables["invalidation_judgments"] == "reloaded"
+    assert published_judgments() == as_rows(rows)
+    assert published_rows(target) == published_rows(publish(store, tmp_path / "fresh2.duckdb", raw_tables()).path)

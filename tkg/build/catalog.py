@@ -53,6 +53,10 @@ class Table:
     # A memo only the stage reads back (what its last output was made from): a last output an
     # older tkg wrote without it is still trusted, and the stage then does its work in full.
     memo: bool = False
+    published: bool = True  # copied into tkg.duckdb's `raw` schema (when its stage is published)
+    # The stage's table of this one's changes since its last version (tables.JUDGMENT_CHANGES):
+    # a publish applies them to the rows it loaded rather than reloading the table.
+    changes: str | None = None
 
 
 @dataclass(frozen=True)
@@ -189,7 +193,7 @@ STAGES: tuple[Stage, ...] = (
         "changed.",
         code_version=lambda f: f"{INVALIDATION_VERSION}:{f.policy}:{f.shards}", compute=invalidate.candidate_selection,
         inputs=("candidate_ranks",), kind="global", published=False,
-        tables=(Table("ranks_read", tables.RANKS_READ), Table("candidate_selection", tables.SHARD_SUMMARY)),
+        tables=(Table("ranks_read", tables.SHARDS_READ), Table("candidate_selection", tables.SHARD_SUMMARY)),
         shard_tables=(Table("selected", tables.CANDIDATE_RANKS, key=("incoming_event_id", "candidate_dynamic", "fact_key")),)),
     Stage(
         "judged_pairs", "invalidation",
@@ -201,7 +205,8 @@ STAGES: tuple[Stage, ...] = (
         kind="shard", published=False, prompt=TEMPLATES["judge"], counters=("judge",),
         tables=(Table("judgments", tables.INVALIDATION_JUDGMENTS), Table("judged_fingerprints", tables.JUDGED_PAIRS),
                 Table("paired_events", tables.PAIRED_EVENTS, memo=True),
-                Table("paired_units", tables.PAIRED_UNITS, memo=True), Table("retirements", tables.RETIREMENTS))),
+                Table("paired_units", tables.PAIRED_UNITS, memo=True),
+                Table("judgment_changes", tables.JUDGMENT_CHANGES, memo=True), Table("retirements", tables.RETIREMENTS))),
     Stage(
         "invalidated_events", "invalidation",
         "The bi-temporal history: which DYNAMIC facts a later fact retired, when (invalid_at), when that became known "
@@ -212,7 +217,10 @@ STAGES: tuple[Stage, ...] = (
         "single-holder offices, and absence for the call's host, labelled end_evidence 'absence').",
         code_version=lambda f: f"{f.judge}:{POSITIONS_VERSION}:{f.policy}", compute=invalidate.invalidated_events,
         inputs=("judged_pairs", "figures", "temporal_events", "chunks", "triplets", "canonical_entities"), kind="global",
-        tables=(Table("invalidation_judgments", tables.INVALIDATION_JUDGMENTS),
+        tables=(Table("invalidation_judgments", tables.INVALIDATION_JUDGMENTS, changes="judgment_changes"),
+                Table("judgment_changes", tables.JUDGMENT_CHANGES, memo=True, published=False),
+                Table("judgments_read", tables.SHARDS_READ, memo=True, published=False),
+                Table("revision_judgments", tables.INVALIDATION_JUDGMENTS, memo=True, published=False),
                 Table("figure_invalidations", tables.FIGURE_INVALIDATIONS),
                 Table("position_listings", tables.POSITION_LISTINGS),
                 Table("event_invalidations", tables.EVENT_INVALIDATIONS))),
@@ -279,6 +287,6 @@ def _without(schema: pa.Schema, columns: tuple[str, ...]) -> pa.Schema:
 def raw_tables() -> list[RawTable]:
     """The tables of the published file's `raw` schema: every stage's tables and the usage."""
     found = [RawTable(table.name, row.name, _without(table.schema, table.unpublished), None if row.partitioned else table.name,
-                      dropped=table.unpublished)
-             for row in STAGES if row.published for table in row.tables]
+                      dropped=table.unpublished, changes=table.changes)
+             for row in STAGES if row.published for table in row.tables if table.published]
     return [*found, USAGE_TABLE]

@@ -151,8 +151,9 @@ RANKED_MEMBERS = pa.schema([("canonical_id", pa.string()), ("predicate_group", p
 # The incoming events whose candidate ranks in a shard differ from the shard's last output
 # (`since_version`, its version); a row without an event names that version even when none did.
 RANK_CHANGES = pa.schema([("since_version", pa.string()), ("incoming_event_id", pa.string())])
-# The version of each shard's candidate ranks a selection read.
-RANKS_READ = pa.schema([("shard", pa.string()), ("version", pa.string())])
+# The version of each shard's output a global step read (a selection, each shard's candidate
+# ranks; the retirement, each shard's judgments).
+SHARDS_READ = pa.schema([("shard", pa.string()), ("version", pa.string())])
 # Each judge pair of a shard with a fingerprint of what its verdict depends on.
 JUDGED_PAIRS = pa.schema([("primary_event_id", pa.string()), ("secondary_event_id", pa.string()), ("fingerprint", pa.string())])
 # What a shard's judge pairs were made from, for its next run to tell which pairs to make again:
@@ -163,6 +164,10 @@ PAIRED_EVENTS = pa.schema([("event_id", pa.string()), ("fact_key", pa.string()),
 # ... and per unit (two facts, named by a hash of their keys in text order) a digest of the
 # selected rows that link them.
 PAIRED_UNITS = pa.schema([("unit", pa.uint64()), ("digest", pa.uint64())])
+# The judgments that differ from an output's last version (`since_version`, that version's; NULL
+# when the output was not made from it): the rows gone from it (`gone`) and the rows new in it,
+# whole. A row with `gone` NULL and no judgment names the version even when nothing changed.
+JUDGMENT_CHANGES = pa.schema([("since_version", pa.string()), ("gone", pa.bool_()), *INVALIDATION_JUDGMENTS])
 # A primary event's earliest retirer in one shard.
 RETIREMENTS = pa.schema([("event_id", pa.string()), ("invalid_at", TIMESTAMP), ("invalidated_by", pa.string())])
 

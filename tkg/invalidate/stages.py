@@ -339,7 +339,7 @@ def candidate_selection(job: StageJob) -> StageResult:
     summary = connection.sql(f"SELECT shard::INTEGER AS shard, 'selected' AS table_name, sum(rows)::BIGINT AS rows "
                              f"FROM ({' UNION ALL '.join(counts)}) GROUP BY shard HAVING sum(rows) > 0 ORDER BY shard"
                              ).to_arrow_table().cast(tables.SHARD_SUMMARY)
-    ranks_read = pa.table({"shard": sorted(read), "version": [read[key] for key in sorted(read)]}, schema=tables.RANKS_READ)
+    ranks_read = pa.table({"shard": sorted(read), "version": [read[key] for key in sorted(read)]}, schema=tables.SHARDS_READ)
     return StageResult(summary, tables={"ranks_read": ranks_read, "candidate_selection": summary}, shard_tables={"selected": split},
                        counts=Counter({"selected": int(pc.sum(summary.column("rows")).as_py() or 0),
                                        "incoming_selected": _count(connection, "(SELECT DISTINCT incoming_event_id FROM selected)"),
@@ -426,12 +426,34 @@ def judged_pairs(job: StageJob) -> StageResult:
     in_order = "ORDER BY primary_event_id, secondary_event_id"
     return StageResult(retired, counts=counts, metadata={"judge": job.providers.judge.name}, tables={
         "judgments": connection.sql(f"SELECT * FROM shard_judgments {in_order}"),
+        "judgment_changes": _judgment_changes_since(job),
         "judged_fingerprints": connection.sql(f"""
             SELECT * FROM previous_judged_fingerprints SEMI JOIN verbatim_pairs USING (primary_event_id, secondary_event_id)
             UNION ALL SELECT * FROM shard_fingerprints {in_order}"""),
         "retirements": retired,
         "paired_events": connection.sql("SELECT event_id, fact_key, fact_hash, triplets_hash FROM event_states ORDER BY event_id"),
         "paired_units": connection.sql("SELECT unit, digest FROM unit_states ORDER BY unit")})
+
+
+def _judgment_changes_since(job: StageJob) -> duckdb.DuckDBPyRelation:
+    """The shard's judgments against its last output (tables.JUDGMENT_CHANGES): the rows of
+    the pairs not kept from it are gone, the pairs judged now are new; when there is no last
+    output, only a row saying so."""
+    connection = job.connection
+    since = job.store.stamp(job.previous["judgments"]).version if "judgments" in job.previous else None
+    columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
+    changed = f"""
+        UNION ALL SELECT $since, true, {columns} FROM previous_judgments
+            ANTI JOIN unchanged USING (primary_event_id, secondary_event_id)
+        UNION ALL SELECT $since, false, {columns} FROM judged_now""" if since is not None else ""
+    connection.execute(f"""CREATE TEMP TABLE judgment_changes AS
+                           SELECT $since AS since_version, NULL::BOOLEAN AS gone, {columns} FROM ({NO_JUDGMENT}) {changed}""",
+                       {"since": since})
+    return connection.table("judgment_changes")
+
+
+# One row of tables.INVALIDATION_JUDGMENTS's columns, every one NULL.
+NO_JUDGMENT = "SELECT " + ", ".join(f"NULL AS {name}" for name in tables.INVALIDATION_JUDGMENTS.names)
 
 
 def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
@@ -574,7 +596,8 @@ EARLIEST_RETIRER_SQL = """
 
 def invalidated_events(job: StageJob) -> StageResult:
     """Retire: each event's earliest retirement over every shard's judged pairs and the figure
-    revisions; the judgments of every shard with the revisions' for audit."""
+    revisions; the judgments of every shard with the revisions' for audit, and their changes
+    since the step's last version, which a publish applies instead of reloading them all."""
     store, connection = job.store, job.connection
     shard_files = {table: [store.shard_path("judged_pairs", shard, table) for shard in job.shard_keys
                            if store.is_file(store.shard_path("judged_pairs", shard, table))]
@@ -597,12 +620,66 @@ def invalidated_events(job: StageJob) -> StageResult:
     judged.create_view("shard_judgments", replace=True)
     columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
     judgments = connection.sql(f"SELECT {columns} FROM shard_judgments UNION ALL SELECT {columns} FROM revision_judgments")
+    read = {shard: store.stamp(store.shard_path("judged_pairs", shard, "judgments")).version for shard in job.shard_keys
+            if store.is_file(store.shard_path("judged_pairs", shard, "judgments"))}
+    changes = _changed_judgments(job, read)
     counts = Counter({"retired_by_judge": winners.num_rows, "invalidated_events": invalidations.num_rows,
-                         "revised_figures": revisions.figure_invalidations.num_rows,
-                         "events_retired_by_figures": len(revisions.retired_events), **position_counts})
+                      "revised_figures": revisions.figure_invalidations.num_rows,
+                      "events_retired_by_figures": len(revisions.retired_events),
+                      "judgments_changed": connection.execute("SELECT count(gone) FROM changed_judgments").fetchall()[0][0],
+                      **position_counts})
     return StageResult(invalidations, counts=counts, tables={
-        "invalidation_judgments": judgments, "figure_invalidations": revisions.figure_invalidations,
+        "invalidation_judgments": judgments, "judgment_changes": changes,
+        "judgments_read": pa.table({"shard": sorted(read), "version": [read[key] for key in sorted(read)]}, schema=tables.SHARDS_READ),
+        "revision_judgments": revision_judgments, "figure_invalidations": revisions.figure_invalidations,
         "event_invalidations": invalidations, "position_listings": listing_table(listings)})
+
+
+def _changed_judgments(job: StageJob, read: dict[str, str]) -> duckdb.DuckDBPyRelation:
+    """`invalidation_judgments` against the step's last version (tables.JUDGMENT_CHANGES): each
+    shard's changes since the judgments that version read, and the revisions' rows gone and
+    new; or, when they cannot be told (`_shard_changes`), only a row saying so."""
+    store, connection, previous = job.store, job.connection, job.previous
+    columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
+    parts = _shard_changes(job, read)
+    since = store.stamp(previous["invalidation_judgments"]).version if parts is not None else None
+    if parts is not None:
+        store.relation(connection, [previous["revision_judgments"]]).create_view("previous_revisions", replace=True)
+        parts += [f"SELECT true AS gone, * FROM (SELECT {columns} FROM previous_revisions "
+                  f"EXCEPT ALL SELECT {columns} FROM revision_judgments)",
+                  f"SELECT false AS gone, * FROM (SELECT {columns} FROM revision_judgments "
+                  f"EXCEPT ALL SELECT {columns} FROM previous_revisions)"]
+    changed = "".join(f" UNION ALL SELECT $since, gone, {columns} FROM ({part})" for part in parts or [])
+    connection.execute(f"""CREATE TEMP TABLE changed_judgments AS
+                           SELECT $since AS since_version, NULL::BOOLEAN AS gone, {columns} FROM ({NO_JUDGMENT}){changed}""",
+                       {"since": since})
+    return connection.table("changed_judgments")
+
+
+def _shard_changes(job: StageJob, read: dict[str, str]) -> list[str] | None:
+    """The queries of each shard's judgment rows gone and new since the judgments the step's
+    last version read (`read`: each shard's judgments version now), or None when that cannot be
+    told: no last version (or one an older tkg wrote), another set of shards, or a shard whose
+    changes are not since the judgments read last (rebuilt twice in between) or were written
+    by another run than its judgments."""
+    store, connection, previous = job.store, job.connection, job.previous
+    if not all(name in previous for name in ("invalidation_judgments", "judgments_read", "revision_judgments")):
+        return None
+    before = {row["shard"]: row["version"] for row in store.read(previous["judgments_read"]).to_pylist()}
+    if before.keys() != read.keys():
+        return None
+    parts = []
+    for shard in sorted(shard for shard, version in read.items() if version != before[shard]):
+        path = store.shard_path("judged_pairs", shard, "judgment_changes")
+        stamp = store.stamp(path) if store.is_file(path) else None
+        if stamp is None or stamp.version != read[shard]:
+            return None
+        store.relation(connection, [path]).create_view(f"shard_changes_{shard}", replace=True)
+        if connection.execute(f"SELECT list(DISTINCT since_version) FROM shard_changes_{shard}").fetchall()[0][0] != [before[shard]]:
+            return None
+        parts.append(f"SELECT gone, {', '.join(tables.INVALIDATION_JUDGMENTS.names)} FROM shard_changes_{shard} "
+                     "WHERE gone IS NOT NULL")
+    return parts
 
 
 def _positions(job: StageJob) -> tuple[dict[str, PositionEnd], list[Listing], dict[str, int]]:

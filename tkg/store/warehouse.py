@@ -11,8 +11,10 @@ a temporary copy, and swaps it in with `os.replace`.
 Publishing is incremental: the file records the Parquet files each raw table was loaded from,
 with their size and time (`raw.loaded_files`). The next publish starts from a copy of the last
 file and, per table, keeps it when none of its files changed, replaces the rows of the
-partitions whose files changed or went, or reloads it whole (a global step's table, the usage,
-a table whose columns changed, or one where most partitions changed). Every model is then
+partitions whose files changed or went, applies the changes a global step wrote beside its
+table since the version loaded last (the judgments: a new quarter changes a few of millions), or
+reloads it whole (another global step's table, the usage, a table whose columns changed, or one
+where most partitions changed). Every model is then
 re-applied. A file published by other SQL models, or one whose free space has grown past a
 third, is built fresh instead. The rows are the same either way.
 """
@@ -49,10 +51,13 @@ class RawTable:
     file: str | None = None  # set for global assets (one file); partitioned assets glob
     pattern: str | None = None  # a glob under the Parquet root, for tables written by several steps
     dropped: tuple[str, ...] = ()  # columns of the files not copied (the mentions' vectors: half the file, read by no view)
+    # A global asset's table of this one's changes since its last version (tables.JUDGMENT_CHANGES,
+    # beside `file`): applied to the rows loaded last instead of reloading every row.
+    changes: str | None = None
 
 
 # Bump when publishing changes (every SQL model's text is part of the code version too).
-WAREHOUSE_VERSION = "warehouse-3"
+WAREHOUSE_VERSION = "warehouse-4"
 
 
 def warehouse_code_version(models: list[SqlModel] | None = None) -> str:
@@ -195,11 +200,16 @@ def _same_columns(connection: duckdb.DuckDBPyConnection, raw: RawTable) -> bool:
 
 
 def _update_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable,
-                now: dict[str, tuple[int, int]], before: dict[str, tuple[int, int]]) -> str:
-    """Bring one raw table of a copied file up to the store: what was done, in a few words."""
+                now: dict[str, tuple[int, int]], before: dict[str, tuple[int, int]], loaded_version: str | None = None) -> str:
+    """Bring one raw table of a copied file up to the store: what was done, in a few words.
+    `loaded_version`: the version of the file a table with changes was loaded from."""
     same_columns = _same_columns(connection, raw)
     if now == before and same_columns:
         return "kept"
+    if raw.changes and same_columns and len(now) == 1 and now.keys() == before.keys():
+        applied = _apply_changes(connection, store, raw, store.absolute(next(iter(now))), loaded_version)
+        if applied is not None:
+            return applied
     changed = [path for path, identity in now.items() if before.get(path) != identity]
     gone = set(before) - set(now)
     partitioned = raw.file is None and raw.pattern is None
@@ -218,6 +228,41 @@ def _update_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw:
             pass
     _load_raw(connection, store, raw, {store.absolute(path): size for path, (size, _) in now.items()})
     return "reloaded"
+
+
+def _apply_changes(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable, path: PurePath,
+                   loaded_version: str | None) -> str | None:
+    """Apply the table's changes (`raw.changes`) to the rows of the version loaded last, when
+    they are the changes from exactly that version to the file's: what was done, or None when
+    they are not (the table is then reloaded). A row gone is deleted by all of its columns; the
+    table must then hold as many rows as the file, else nothing is applied."""
+    changes_path = store.global_path(raw.asset, raw.changes)
+    if loaded_version is None or not store.is_file(changes_path):
+        return None
+    file_stamp, changes_stamp = store.stamp(path), store.stamp(changes_path)
+    if file_stamp is None or changes_stamp is None or changes_stamp.version != file_stamp.version:
+        return None  # written by another run than the file
+    changes = store.relation(connection, [changes_path])  # noqa: F841 (read by name in the SQL below)
+    if connection.execute("SELECT list(DISTINCT since_version) FROM changes").fetchall()[0][0] != [loaded_version]:
+        return None  # not since the version loaded
+    columns = raw.schema.names
+    matched = " AND ".join(f't."{name}" IS NOT DISTINCT FROM g."{name}"' for name in columns)
+    selected = ", ".join(f'"{name}"' for name in columns)
+    connection.execute("BEGIN TRANSACTION")
+    try:
+        gone = connection.execute(f"DELETE FROM raw.{raw.name} AS t USING (SELECT {selected} FROM changes WHERE gone) AS g "
+                                  f"WHERE {matched}").fetchall()[0][0]
+        new = connection.execute(f"INSERT INTO raw.{raw.name} BY NAME SELECT {selected} FROM changes WHERE NOT gone"
+                                 ).fetchall()[0][0]
+        rows = connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchall()[0][0]
+        if rows != store.metadata(path).num_rows:  # a row gone matched several (duplicates): reloaded instead
+            connection.execute("ROLLBACK")
+            return None
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    return f"{gone:,} row(s) deleted, {new:,} inserted"
 
 
 def register_raw(connection: duckdb.DuckDBPyConnection, raw_tables: dict[str, pa.Table]) -> None:
@@ -292,15 +337,18 @@ def published_stamp(target: Path) -> Stamp | None:
 
 
 # What each raw table was loaded from: the next publish compares it with the store.
-LOADED_FILES = pa.schema([("table_name", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64())])
+# `version`: the stamp's of the file of a table with changes (RawTable.changes), which they name.
+LOADED_FILES = pa.schema([("table_name", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64()),
+                          ("version", pa.string())])
 # A copied file whose free space passes this share is built fresh instead (replaced rows leave
 # free blocks behind; DuckDB reuses them, but a file rebuilt now and then stays compact).
 MAX_FREE_SHARE = 1 / 3
 
 
-def _loaded_files(target: Path, code_version: str) -> dict[str, dict[str, tuple[int, int]]] | None:
-    """What the published file's raw tables were loaded from, or None when it cannot be updated
-    in place: absent, unreadable, published by other SQL models or another tkg, or too sparse."""
+def _loaded_files(target: Path, code_version: str) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, str]] | None:
+    """What the published file's raw tables were loaded from, and the version loaded of each
+    table with changes; or None when it cannot be updated in place: absent, unreadable,
+    published by other SQL models or another tkg, or too sparse."""
     if not target.exists():
         return None
     try:
@@ -311,13 +359,24 @@ def _loaded_files(target: Path, code_version: str) -> dict[str, dict[str, tuple[
             total, free = connection.execute("SELECT total_blocks, free_blocks FROM pragma_database_size()").fetchone()
             if total and free / total > MAX_FREE_SHARE:
                 return None
-            rows = connection.execute("SELECT table_name, path, size, mtime_ns FROM raw.loaded_files").fetchall()
+            rows = connection.execute("SELECT table_name, path, size, mtime_ns, version FROM raw.loaded_files").fetchall()
     except duckdb.Error:
         return None
     loaded: dict[str, dict[str, tuple[int, int]]] = {}
-    for table, path, size, mtime in rows:
+    versions: dict[str, str] = {}
+    for table, path, size, mtime, version in rows:
         loaded.setdefault(table, {})[path] = (size, mtime)
-    return loaded
+        if version is not None:
+            versions[table] = version
+    return loaded, versions
+
+
+def _version(store: ParquetStore, files: dict[str, tuple[int, int]]) -> str | None:
+    """The stamp's version of a table's one file (None for none, several, or one without a stamp)."""
+    if len(files) != 1:
+        return None
+    stamp = store.stamp(store.absolute(next(iter(files))))
+    return stamp.version if stamp is not None else None
 
 
 def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], models: list[SqlModel] | None = None,
@@ -341,7 +400,10 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
     code_version = warehouse_code_version(models)
     sources = {raw.name: {store.relative(path): identity for path, identity in _raw_source(store, raw).items()}
                for raw in raw_tables}
-    before = _loaded_files(target, code_version)
+    # the version of the file of each table with changes (the next publish applies its changes to it)
+    versions = {raw.name: _version(store, sources[raw.name]) for raw in raw_tables if raw.changes}
+    last = _loaded_files(target, code_version)
+    before, versions_before = last if last is not None else (None, {})
     temporary = temporary_path(target, ".building")
     result = PublishResult(path=target, stamp=stamp, incremental=before is not None)
     try:
@@ -361,13 +423,14 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
                     _load_raw(connection, store, raw, {store.absolute(path): size for path, (size, _) in sources[raw.name].items()})
                     result.tables[raw.name] = "loaded"
                 else:
-                    result.tables[raw.name] = _update_raw(connection, store, raw, sources[raw.name], before.get(raw.name, {}))
+                    result.tables[raw.name] = _update_raw(connection, store, raw, sources[raw.name], before.get(raw.name, {}),
+                                                          versions_before.get(raw.name))
                 result.raw_rows[raw.name] = connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchall()[0][0]
             for table in sorted(set(before or {}) - set(sources)):  # a table tkg no longer publishes
                 connection.execute(f"DROP TABLE IF EXISTS raw.{table}")
             connection.execute("INSERT INTO raw.build_info VALUES ('publish', ?)", [result.summary()])
             connection.register("loaded", pa.Table.from_pylist(
-                [{"table_name": name, "path": path, "size": size, "mtime_ns": mtime}
+                [{"table_name": name, "path": path, "size": size, "mtime_ns": mtime, "version": versions.get(name)}
                  for name, files in sources.items() for path, (size, mtime) in files.items()], schema=LOADED_FILES))
             connection.execute("CREATE OR REPLACE TABLE raw.loaded_files AS SELECT * FROM loaded")
             connection.unregister("loaded")
