@@ -414,9 +414,13 @@ def judged_pairs(job: StageJob) -> StageResult:
                                           job.providers.judge)
     connection.register("judged_now", judged)
     columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
-    connection.execute(f"""CREATE TEMP TABLE shard_judgments AS
-                           SELECT {columns} FROM previous_judgments SEMI JOIN unchanged USING (primary_event_id, secondary_event_id)
-                           UNION ALL SELECT {columns} FROM judged_now""")
+    # the last output's judgments read once, each marked kept or not (the ones not kept are gone)
+    connection.execute(f"""CREATE TEMP TABLE previous_verdicts AS
+                           SELECT {', '.join('p.' + name for name in tables.INVALIDATION_JUDGMENTS.names)}, u.kept IS NOT NULL AS kept
+                           FROM previous_judgments p LEFT JOIN (SELECT primary_event_id, secondary_event_id, true AS kept FROM unchanged) u
+                               USING (primary_event_id, secondary_event_id)""")
+    connection.execute(f"""CREATE TEMP VIEW shard_judgments AS
+                           SELECT {columns} FROM previous_verdicts WHERE kept UNION ALL SELECT {columns} FROM judged_now""")
     retired = connection.sql(EARLIEST_RETIRER_SQL).to_arrow_table().cast(tables.RETIREMENTS)
     pairs, true_verdicts = connection.execute("SELECT count(*), coalesce(count_if(invalidates), 0) FROM shard_judgments").fetchall()[0]
     counts = Counter({"candidate_pairs": pairs, "judged_pairs": pairs, "true_verdicts": true_verdicts,
@@ -443,8 +447,7 @@ def _judgment_changes_since(job: StageJob) -> duckdb.DuckDBPyRelation:
     since = job.store.stamp(job.previous["judgments"]).version if "judgments" in job.previous else None
     columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
     changed = f"""
-        UNION ALL SELECT $since, true, {columns} FROM previous_judgments
-            ANTI JOIN unchanged USING (primary_event_id, secondary_event_id)
+        UNION ALL SELECT $since, true, {columns} FROM previous_verdicts WHERE NOT kept
         UNION ALL SELECT $since, false, {columns} FROM judged_now""" if since is not None else ""
     connection.execute(f"""CREATE TEMP TABLE judgment_changes AS
                            SELECT $since AS since_version, NULL::BOOLEAN AS gone, {columns} FROM ({NO_JUDGMENT}) {changed}""",
