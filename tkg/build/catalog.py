@@ -50,8 +50,9 @@ class Table:
     schema: pa.Schema
     unpublished: tuple[str, ...] = ()  # columns kept in Parquet but not copied into tkg.duckdb
     key: tuple[str, ...] = ()  # a table split by shard: the columns that name a row within a shard
-    # A memo only the stage reads back (what its last output was made from): a last output an
-    # older tkg wrote without it is still trusted, and the stage then does its work in full.
+    # A memo (what its last output was made from, which the stage reads back; or its changes
+    # since then, which the next step reads): a last output an older tkg wrote without it is
+    # still trusted, and whoever reads it then does its work in full.
     memo: bool = False
     published: bool = True  # copied into tkg.duckdb's `raw` schema (when its stage is published)
     # The stage's table of this one's changes since its last version (tables.JUDGMENT_CHANGES):

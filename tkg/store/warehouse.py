@@ -309,7 +309,8 @@ class PublishResult:
         if not self.incremental:
             return "fresh"
         done = Counter(what if what in ("kept", "reloaded") else "updated" for what in self.tables.values())
-        return f"incremental: {done['updated']} table(s) updated by partition, {done['reloaded']} reloaded, {done['kept']} kept"
+        return (f"incremental: {done['updated']} table(s) updated (by partition or by their changes), "
+                f"{done['reloaded']} reloaded, {done['kept']} kept")
 
 
 def _swap_in(temporary: Path, target: Path) -> None:
