@@ -404,3 +404,26 @@ def test_a_split_table_is_written_by_shard_in_order_within_its_memory_budget(tmp
         expected = data.filter(pa.compute.equal(data.column("shard"), key)).drop_columns(["shard"])
         assert written.read().equals(expected)
     assert not store.split_files("fact_blocks", "1", "facts", "05")
+
+
+def test_a_shard_rewritten_with_the_same_version_reloads_the_published_judgments(sample_home, tmp_path):
+    """The judgments' changes name what changed since the shards' files read last: an
+    unchanged set of shards gives no change to apply, but a shard rebuilt from nothing (its
+    inputs unchanged, so its version too, but its file rewritten, and an LLM judge asked again
+    may answer otherwise) gives changes that cannot be told, and the publish reloads the table."""
+    home = _copy(sample_home, tmp_path / "home")
+    runtime, target = _runtime(home, 8), home / "tkg.duckdb"
+    judged, invalidated = catalog.stage("judged_pairs"), catalog.stage("invalidated_events")
+
+    run_global(runtime, invalidated)  # the shards as they were: nothing changed since
+    assert publish(runtime.store, target, raw_tables()).tables["invalidation_judgments"] == "0 row(s) deleted, 0 inserted"
+
+    shard = home / "parquet" / "judged_pairs" / "shard=00"
+    version = ParquetStore(home).stamp(shard / "judgments.parquet").version
+    shutil.rmtree(shard)
+    run_global(runtime, judged, "00")
+    assert ParquetStore(home).stamp(shard / "judgments.parquet").version == version
+    run_global(runtime, invalidated)
+    assert publish(runtime.store, target, raw_tables()).tables["invalidation_judgments"] == "reloaded"
+    fresh = publish(runtime.store, tmp_path / "fresh.duckdb", raw_tables())
+    assert published_rows(target) == published_rows(fresh.path)

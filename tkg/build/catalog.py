@@ -220,7 +220,7 @@ STAGES: tuple[Stage, ...] = (
         inputs=("judged_pairs", "figures", "temporal_events", "chunks", "triplets", "canonical_entities"), kind="global",
         tables=(Table("invalidation_judgments", tables.INVALIDATION_JUDGMENTS, changes="judgment_changes"),
                 Table("judgment_changes", tables.JUDGMENT_CHANGES, memo=True, published=False),
-                Table("judgments_read", tables.SHARDS_READ, memo=True, published=False),
+                Table("judgments_read", tables.JUDGMENTS_READ, memo=True, published=False),
                 Table("revision_judgments", tables.INVALIDATION_JUDGMENTS, memo=True, published=False),
                 Table("figure_invalidations", tables.FIGURE_INVALIDATIONS),
                 Table("position_listings", tables.POSITION_LISTINGS),

@@ -151,9 +151,11 @@ RANKED_MEMBERS = pa.schema([("canonical_id", pa.string()), ("predicate_group", p
 # The incoming events whose candidate ranks in a shard differ from the shard's last output
 # (`since_version`, its version); a row without an event names that version even when none did.
 RANK_CHANGES = pa.schema([("since_version", pa.string()), ("incoming_event_id", pa.string())])
-# The version of each shard's output a global step read (a selection, each shard's candidate
-# ranks; the retirement, each shard's judgments).
+# The version of each shard's candidate ranks a selection read ...
 SHARDS_READ = pa.schema([("shard", pa.string()), ("version", pa.string())])
+# ... and of each shard's judgments, with the file's size and time: a shard rebuilt with the same
+# version (its inputs unchanged) is a rewritten file all the same, and its verdicts may differ.
+JUDGMENTS_READ = pa.schema([*SHARDS_READ, ("size", pa.int64()), ("mtime_ns", pa.int64())])
 # Each judge pair of a shard with a fingerprint of what its verdict depends on.
 JUDGED_PAIRS = pa.schema([("primary_event_id", pa.string()), ("secondary_event_id", pa.string()), ("fingerprint", pa.string())])
 # What a shard's judge pairs were made from, for its next run to tell which pairs to make again:

@@ -623,8 +623,10 @@ def invalidated_events(job: StageJob) -> StageResult:
     judged.create_view("shard_judgments", replace=True)
     columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
     judgments = connection.sql(f"SELECT {columns} FROM shard_judgments UNION ALL SELECT {columns} FROM revision_judgments")
-    read = {shard: store.stamp(store.shard_path("judged_pairs", shard, "judgments")).version for shard in job.shard_keys
-            if store.is_file(store.shard_path("judged_pairs", shard, "judgments"))}
+    # each shard's judgments read: (version, size, modification time)
+    listed = store.listing("judged_pairs/shard=*/judgments.parquet")
+    read = {shard: (store.stamp(path).version, *listed[path]) for shard in job.shard_keys
+            for path in [store.shard_path("judged_pairs", shard, "judgments")] if path in listed}
     changes = _changed_judgments(job, read)
     counts = Counter({"retired_by_judge": winners.num_rows, "invalidated_events": invalidations.num_rows,
                       "revised_figures": revisions.figure_invalidations.num_rows,
@@ -633,12 +635,14 @@ def invalidated_events(job: StageJob) -> StageResult:
                       **position_counts})
     return StageResult(invalidations, counts=counts, tables={
         "invalidation_judgments": judgments, "judgment_changes": changes,
-        "judgments_read": pa.table({"shard": sorted(read), "version": [read[key] for key in sorted(read)]}, schema=tables.SHARDS_READ),
+        "judgments_read": pa.Table.from_pylist([{"shard": shard, "version": version, "size": size, "mtime_ns": mtime}
+                                                for shard, (version, size, mtime) in sorted(read.items())],
+                                               schema=tables.JUDGMENTS_READ),
         "revision_judgments": revision_judgments, "figure_invalidations": revisions.figure_invalidations,
         "event_invalidations": invalidations, "position_listings": listing_table(listings)})
 
 
-def _changed_judgments(job: StageJob, read: dict[str, str]) -> duckdb.DuckDBPyRelation:
+def _changed_judgments(job: StageJob, read: dict[str, tuple[str, int, int]]) -> duckdb.DuckDBPyRelation:
     """`invalidation_judgments` against the step's last version (tables.JUDGMENT_CHANGES): each
     shard's changes since the judgments that version read, and the revisions' rows gone and
     new; or, when they cannot be told (`_shard_changes`), only a row saying so."""
@@ -659,26 +663,29 @@ def _changed_judgments(job: StageJob, read: dict[str, str]) -> duckdb.DuckDBPyRe
     return connection.table("changed_judgments")
 
 
-def _shard_changes(job: StageJob, read: dict[str, str]) -> list[str] | None:
+def _shard_changes(job: StageJob, read: dict[str, tuple[str, int, int]]) -> list[str] | None:
     """The queries of each shard's judgment rows gone and new since the judgments the step's
-    last version read (`read`: each shard's judgments version now), or None when that cannot be
-    told: no last version (or one an older tkg wrote), another set of shards, or a shard whose
-    changes are not since the judgments read last (rebuilt twice in between) or were written
-    by another run than its judgments."""
+    last version read (`read`: each shard's judgments now, as version, size and modification
+    time), or None when that cannot be told: no last version (or one an older tkg wrote),
+    another set of shards, or a shard whose judgments were rewritten and whose changes are not
+    since the version read last (rebuilt twice in between, or from nothing) or were written by
+    another run than its judgments."""
     store, connection, previous = job.store, job.connection, job.previous
     if not all(name in previous for name in ("invalidation_judgments", "judgments_read", "revision_judgments")):
         return None
-    before = {row["shard"]: row["version"] for row in store.read(previous["judgments_read"]).to_pylist()}
+    before = {row["shard"]: (row["version"], row.get("size"), row.get("mtime_ns"))
+              for row in store.read(previous["judgments_read"]).to_pylist()}
     if before.keys() != read.keys():
         return None
     parts = []
-    for shard in sorted(shard for shard, version in read.items() if version != before[shard]):
+    for shard in sorted(shard for shard, identity in read.items() if identity != before[shard]):
         path = store.shard_path("judged_pairs", shard, "judgment_changes")
         stamp = store.stamp(path) if store.is_file(path) else None
-        if stamp is None or stamp.version != read[shard]:
+        if stamp is None or stamp.version != read[shard][0]:
             return None
         store.relation(connection, [path]).create_view(f"shard_changes_{shard}", replace=True)
-        if connection.execute(f"SELECT list(DISTINCT since_version) FROM shard_changes_{shard}").fetchall()[0][0] != [before[shard]]:
+        if connection.execute(f"SELECT list(DISTINCT since_version) FROM shard_changes_{shard}").fetchall()[0][0] \
+                != [before[shard][0]]:
             return None
         parts.append(f"SELECT gone, {', '.join(tables.INVALIDATION_JUDGMENTS.names)} FROM shard_changes_{shard} "
                      "WHERE gone IS NOT NULL")
