@@ -125,7 +125,7 @@ def _closer(guidance: dict, reported_by_period: dict[tuple, list[dict]], calls: 
 
 # The columns of a figure the revisions read (its text and call are not).
 READ_COLUMNS = ("figure_id", "event_id", "company", "stated_at", "metric", "segment", "basis", "kind", "fiscal_year",
-         "fiscal_quarter", "value", "low", "high", "unit")
+                "fiscal_quarter", "value", "low", "high", "unit")
 
 
 def revise_figures(figures: pa.Table) -> FigureRevisions:

@@ -445,18 +445,24 @@ def _judgment_changes_since(job: StageJob) -> duckdb.DuckDBPyRelation:
     output, only a row saying so."""
     connection = job.connection
     since = job.store.stamp(job.previous["judgments"]).version if "judgments" in job.previous else None
-    columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
-    changed = f"""
-        UNION ALL SELECT $since, true, {columns} FROM previous_verdicts WHERE NOT kept
-        UNION ALL SELECT $since, false, {columns} FROM judged_now""" if since is not None else ""
-    connection.execute(f"""CREATE TEMP TABLE judgment_changes AS
-                           SELECT $since AS since_version, NULL::BOOLEAN AS gone, {columns} FROM ({NO_JUDGMENT}) {changed}""",
-                       {"since": since})
-    return connection.table("judgment_changes")
+    parts = [f"SELECT true AS gone, {JUDGMENT_COLUMNS} FROM previous_verdicts WHERE NOT kept",
+             f"SELECT false AS gone, {JUDGMENT_COLUMNS} FROM judged_now"]
+    return _judgment_changes(connection, "judgment_changes", since, parts if since is not None else [])
 
 
-# One row of tables.INVALIDATION_JUDGMENTS's columns, every one NULL.
-NO_JUDGMENT = "SELECT " + ", ".join(f"NULL AS {name}" for name in tables.INVALIDATION_JUDGMENTS.names)
+JUDGMENT_COLUMNS = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
+
+
+def _judgment_changes(connection: duckdb.DuckDBPyConnection, name: str, since: str | None,
+                      parts: list[str]) -> duckdb.DuckDBPyRelation:
+    """Temp table `name` of tables.JUDGMENT_CHANGES: a first row naming `since` (the version the
+    changes are since, None when unknown), then the rows of `parts` (queries of `gone` and the
+    judgment's columns)."""
+    no_judgment = ", ".join(f"NULL AS {column}" for column in tables.INVALIDATION_JUDGMENTS.names)
+    changed = "".join(f" UNION ALL SELECT $since, gone, {JUDGMENT_COLUMNS} FROM ({part})" for part in parts)
+    connection.execute(f"CREATE TEMP TABLE {name} AS SELECT $since AS since_version, NULL::BOOLEAN AS gone, {no_judgment}"
+                       f"{changed}", {"since": since})
+    return connection.table(name)
 
 
 def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
@@ -647,20 +653,16 @@ def _changed_judgments(job: StageJob, read: dict[str, tuple[str, int, int]]) -> 
     shard's changes since the judgments that version read, and the revisions' rows gone and
     new; or, when they cannot be told (`_shard_changes`), only a row saying so."""
     store, connection, previous = job.store, job.connection, job.previous
-    columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
+    columns = JUDGMENT_COLUMNS
     parts = _shard_changes(job, read)
-    since = store.stamp(previous["invalidation_judgments"]).version if parts is not None else None
-    if parts is not None:
-        store.relation(connection, [previous["revision_judgments"]]).create_view("previous_revisions", replace=True)
-        parts += [f"SELECT true AS gone, * FROM (SELECT {columns} FROM previous_revisions "
-                  f"EXCEPT ALL SELECT {columns} FROM revision_judgments)",
-                  f"SELECT false AS gone, * FROM (SELECT {columns} FROM revision_judgments "
-                  f"EXCEPT ALL SELECT {columns} FROM previous_revisions)"]
-    changed = "".join(f" UNION ALL SELECT $since, gone, {columns} FROM ({part})" for part in parts or [])
-    connection.execute(f"""CREATE TEMP TABLE changed_judgments AS
-                           SELECT $since AS since_version, NULL::BOOLEAN AS gone, {columns} FROM ({NO_JUDGMENT}){changed}""",
-                       {"since": since})
-    return connection.table("changed_judgments")
+    if parts is None:
+        return _judgment_changes(connection, "changed_judgments", None, [])
+    store.relation(connection, [previous["revision_judgments"]]).create_view("previous_revisions", replace=True)
+    parts += [f"SELECT true AS gone, * FROM (SELECT {columns} FROM previous_revisions "
+              f"EXCEPT ALL SELECT {columns} FROM revision_judgments)",
+              f"SELECT false AS gone, * FROM (SELECT {columns} FROM revision_judgments "
+              f"EXCEPT ALL SELECT {columns} FROM previous_revisions)"]
+    return _judgment_changes(connection, "changed_judgments", store.stamp(previous["invalidation_judgments"]).version, parts)
 
 
 def _shard_changes(job: StageJob, read: dict[str, tuple[str, int, int]]) -> list[str] | None:
@@ -687,8 +689,7 @@ def _shard_changes(job: StageJob, read: dict[str, tuple[str, int, int]]) -> list
         if connection.execute(f"SELECT list(DISTINCT since_version) FROM shard_changes_{shard}").fetchall()[0][0] \
                 != [before[shard][0]]:
             return None
-        parts.append(f"SELECT gone, {', '.join(tables.INVALIDATION_JUDGMENTS.names)} FROM shard_changes_{shard} "
-                     "WHERE gone IS NOT NULL")
+        parts.append(f"SELECT gone, {JUDGMENT_COLUMNS} FROM shard_changes_{shard} WHERE gone IS NOT NULL")
     return parts
 
 
