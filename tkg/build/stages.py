@@ -40,7 +40,7 @@ from tkg.build.state import (
 )
 from tkg.core import tables
 from tkg.core.ids import short_hash
-from tkg.core.machine import MemoryExceeded, memory_watch
+from tkg.core.machine import MemoryExceeded, memory_watch, room_for_duckdb
 from tkg.core.partitions import Partition, key_of
 from tkg.core.results import StageIncomplete, StageJob, StageResult, missing_text
 from tkg.core.versions import Stamp, stamp_of_schema, stamped
@@ -239,26 +239,36 @@ def run_global(runtime: Runtime, stage: Stage, shard: str | None = None) -> Stag
         finally:
             record_usage(store, usage, shard=shard)
         result.stamp = Stamp(stage.name, stamp.code_version, stamp.inputs, dict(result.missing))
-        if stage.shard_tables:
-            written = write_splits(store, connection, stage.name, result.stamp.version,
-                                   [_split_rows(result.shard_tables[table.name]).split(table.name, table.schema, table.key)
-                                    for table in stage.shard_tables],
-                                   _previous_version(store, stage, job.previous), shard_keys)
-            result.stamp = Stamp(stage.name, stamp.code_version, stamp.inputs, dict(result.missing), written.parts)
-            result.counts["split_rows_written"] = written.rows
-            result.counts["split_written_as_delta"] = int(written.delta)
-            keep = written.keep
-        outputs = result.tables or {stage.table.name: result.table}
-        for table in stage.tables:
-            path = (store.shard_path(stage.name, shard, table.name) if stage.sharded
-                    else store.global_path(stage.name, table.name))
-            result.path = store.write(path, _conformed(outputs[table.name], table.schema, result.stamp))
+        with room_for_duckdb(connection):  # outputs that are relations run as they are written, beside the step's objects
+            keep = _write_outputs(store, connection, stage, shard, shard_keys, job, result)
         result.input_versions = upstream
     if stage.shard_tables:  # the stamp now names the new version: the ones it does not stack are read by nobody
         for version in store.versions_of(stage.name):
             if version not in keep:
                 store.delete_folder(store.parquet_root / stage.name / f"v={version}")
     return result
+
+
+def _write_outputs(store: ParquetStore, connection: duckdb.DuckDBPyConnection, stage: Stage, shard: str | None,
+                   shard_keys: list[str], job: StageJob, result: StageResult) -> set[str]:
+    """Write a global stage's or shard's tables, its split tables first (their stamp then names
+    their version); the split versions to keep."""
+    keep: set[str] = set()
+    if stage.shard_tables:
+        written = write_splits(store, connection, stage.name, result.stamp.version,
+                               [_split_rows(result.shard_tables[table.name]).split(table.name, table.schema, table.key)
+                                for table in stage.shard_tables],
+                               _previous_version(store, stage, job.previous), shard_keys)
+        result.stamp = Stamp(stage.name, result.stamp.code_version, result.stamp.inputs, dict(result.missing), written.parts)
+        result.counts["split_rows_written"] = written.rows
+        result.counts["split_written_as_delta"] = int(written.delta)
+        keep = written.keep
+    outputs = result.tables or {stage.table.name: result.table}
+    for table in stage.tables:
+        path = (store.shard_path(stage.name, shard, table.name) if stage.sharded
+                else store.global_path(stage.name, table.name))
+        result.path = store.write(path, _conformed(outputs[table.name], table.schema, result.stamp))
+    return keep
 
 
 # What a shard step holds per byte of its input's decoded Parquet (Arrow tables, the numpy

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def usable_cores() -> int:
@@ -48,6 +49,47 @@ def resident_bytes() -> int:
         return 0
 
 
+# The limits of the memory watches running in this process, innermost last.
+_watched_limits: list[int] = []
+
+# What a DuckDB query may take of the memory a watch leaves the process (`room_for_duckdb`):
+# DuckDB overshoots its limit a little, and Arrow batches of the query's result sit beside it.
+DUCKDB_SHARE_OF_ROOM = 0.6
+DUCKDB_FLOOR_BYTES = 256 * 2**20
+_DUCKDB_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+                 "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def _duckdb_size(shown: str) -> int:
+    """DuckDB's way of showing a size ('1.8 GiB', '953.6 MiB') in bytes."""
+    number, _, unit = shown.strip().partition(" ")
+    return int(float(number) * _DUCKDB_UNITS.get(unit or "bytes", 1))
+
+
+@contextmanager
+def room_for_duckdb(connection: Any) -> Iterator[None]:
+    """For the work inside: `connection`'s DuckDB memory limit lowered, if need be, to a share of
+    what the memory watch around it (`memory_watch`) leaves this process now. A step whose
+    Python objects already hold much of its limit (resolution's names at 10M events) then has
+    DuckDB spill sooner instead of the process passing the limit. Without a watch, or with room
+    to spare, nothing changes. The limit is then set back to the one the connection was made
+    with (tkg.store.parquet.spilling_connection records it), else to DuckDB's rounding of it."""
+    resident = resident_bytes()
+    if not _watched_limits or not resident:
+        yield
+        return
+    shown, given = connection.execute("SELECT current_setting('memory_limit'), getvariable('tkg_memory_limit')").fetchall()[0]
+    room = max(DUCKDB_FLOOR_BYTES, int((_watched_limits[-1] - resident) * DUCKDB_SHARE_OF_ROOM))
+    if room >= _duckdb_size(shown):
+        yield
+        return
+    connection.execute(f"SET memory_limit = '{room}B'")
+    try:
+        yield
+    finally:
+        connection.execute("SET memory_limit = $limit", {"limit": given or shown})
+
+
 class MemoryExceeded(RuntimeError):
     """The watched work passed its memory limit and was stopped."""
 
@@ -83,6 +125,7 @@ def memory_watch(limit: int, what: str, interrupt: Callable[[], None] | None = N
     previous = signal.signal(signal.SIGUSR1, stop)
     watcher = threading.Thread(target=watch, name="memory-watch", daemon=True)
     watcher.start()
+    _watched_limits.append(limit)
     try:
         yield
     except MemoryExceeded:
@@ -92,6 +135,7 @@ def memory_watch(limit: int, what: str, interrupt: Callable[[], None] | None = N
             raise MemoryExceeded(message) from error
         raise
     finally:
+        _watched_limits.pop()
         done.set()
         watcher.join()
         signal.signal(signal.SIGUSR1, previous)

@@ -46,6 +46,7 @@ from rapidfuzz import fuzz, process
 
 from tkg.core import tables
 from tkg.core.arrays import run_starts
+from tkg.core.machine import room_for_duckdb
 from tkg.core.companies import Company, load_companies
 from tkg.core.names import company_for_name, fold, organisation_key
 from tkg.core.roles import parse_offices
@@ -358,42 +359,77 @@ class NameGroups:
         """For each wanted group: the distinct descriptions of its mentions, and the mean unit
         embedding of those of its longest embedding length (None without embeddings), all read
         in one pass. A group's evidence depends on its own mentions alone, not on which other
-        groups are wanted with it (and no other pass over every mention's embedding is needed)."""
+        groups are wanted with it (and no other pass over every mention's embedding is needed).
+
+        The wanted groups' mentions can be millions (every mention of a common organisation
+        name): DuckDB sorts them out of core and they are read a batch at a time, each group's
+        vectors added to its running sum in mention order."""
         wanted = sorted(set(wanted))
         connection = self.source.connection
         keys = pa.table({"group": pa.array(wanted, pa.int64()), "type": [self.types[g] for g in wanted],
                          "name": [self.names[g] for g in wanted]})
         connection.register("_wanted_groups", keys)
-        taken = connection.sql(f"""
-            SELECT w."group", m.description, m.embedding FROM mentions m JOIN _wanted_groups w USING (type, name)
-            WHERE length(m.name) > 0 ORDER BY w."group", {', '.join('m.' + c.strip() for c in _ORDER.split(','))}""").to_arrow_table()
+        with room_for_duckdb(connection):  # the names above are much of the step's memory at 10M events
+            descriptions, sums = self._read_evidence(connection, wanted)
         connection.unregister("_wanted_groups")
-        owners = taken.column("group").to_numpy()
-        descriptions: dict[int, set[str]] = {group: set() for group in wanted}
-        for group, description in zip(owners.tolist(), taken.column("description").to_pylist()):
-            if description:
-                descriptions[group].add(description)
-        vectors = _mean_vectors(owners, taken.column("embedding"))
+        vectors = sums.means()
         return {group: (frozenset(descriptions[group]), vectors.get(group)) for group in wanted}
 
+    @staticmethod
+    def _read_evidence(connection: duckdb.DuckDBPyConnection, wanted: list[int]) -> tuple[dict[int, set[str]], _VectorSums]:
+        reader = connection.sql(f"""
+            SELECT w."group", m.description, m.embedding FROM mentions m JOIN _wanted_groups w USING (type, name)
+            WHERE length(m.name) > 0
+            ORDER BY w."group", {', '.join('m.' + c.strip() for c in _ORDER.split(','))}""").fetch_record_batch(EVIDENCE_BATCH_ROWS)
+        descriptions: dict[int, set[str]] = {group: set() for group in wanted}
+        sums = _VectorSums()
+        for batch in reader:
+            owners = batch.column(0).to_numpy()
+            for group, description in zip(owners.tolist(), batch.column(1).to_pylist()):
+                if description:
+                    descriptions[group].add(description)
+            sums.add(owners, batch.column(2))
+        return descriptions, sums
 
-def _mean_vectors(owners: np.ndarray, embeddings: pa.ChunkedArray) -> dict[int, np.ndarray]:
-    """Each owner's mean unit vector (`owners` sorted, one per row of `embeddings`): the sum of
-    its embeddings of its longest length, normalised; owners without one are left out. One
-    owner's rows are copied at a time: the rows of the organisations wanted can be millions."""
-    lengths = pc.fill_null(pc.list_value_length(embeddings), 0).to_numpy(zero_copy_only=False)
-    starts = run_starts(owners).tolist()
-    vectors: dict[int, np.ndarray] = {}
-    for start, stop in zip(starts, [*starts[1:], len(owners)]):
-        longest = int(lengths[start:stop].max())
-        if longest == 0:
-            continue
-        rows = embeddings.slice(start, stop - start).filter(pa.array(lengths[start:stop] == longest)).combine_chunks()
-        matrix = np.asarray(rows.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, longest)
-        total = np.add.reduceat(matrix, [0], axis=0)[0]  # rows added in order (sum() pairs them: other last bits)
-        norm = np.linalg.norm(total)
-        vectors[int(owners[start])] = total / norm if norm else total
-    return vectors
+
+# Rows of the wanted groups' mentions read at a time (`NameGroups.evidence`): a mention's
+# embedding is a few KB, so a batch is tens of MB.
+EVIDENCE_BATCH_ROWS = 16_384
+
+
+class _VectorSums:
+    """Each owner's sum of its vectors of each length, added row by row in the order they come
+    (batches of rows sorted by owner): the same sums, to the last bit, however the rows are cut
+    into batches. An owner's mean is of its vectors of its longest length."""
+
+    def __init__(self) -> None:
+        self.totals: dict[tuple[int, int], np.ndarray] = {}
+
+    def add(self, owners: np.ndarray, embeddings: pa.Array) -> None:
+        """Add a batch: `owners` sorted, one per row of `embeddings` (null and empty rows add nothing)."""
+        lengths = pc.fill_null(pc.list_value_length(embeddings), 0).to_numpy(zero_copy_only=False)
+        present = lengths > 0
+        if not present.any():
+            return
+        owners, lengths, rows = owners[present], lengths[present], embeddings.filter(pa.array(present))
+        starts = run_starts(owners).tolist()
+        for start, stop in zip(starts, [*starts[1:], len(owners)]):
+            owner, run = int(owners[start]), lengths[start:stop]
+            for length in np.unique(run).tolist():  # most owners have vectors of one length
+                chosen = rows.slice(start, stop - start).filter(pa.array(run == length))
+                part = np.asarray(chosen.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, length)
+                total = self.totals.get((owner, length))
+                if total is not None:  # continue the running sum: (total + r1) + r2 ...
+                    part = np.vstack([total[None, :], part])
+                self.totals[(owner, length)] = np.add.reduceat(part, [0], axis=0)[0]  # in order (sum() pairs them)
+
+    def means(self) -> dict[int, np.ndarray]:
+        """Each owner's mean unit vector: the sum of its vectors of its longest length, normalised."""
+        longest: dict[int, int] = {}
+        for owner, length in self.totals:
+            longest[owner] = max(longest.get(owner, 0), length)
+        return {owner: total / norm if (norm := np.linalg.norm(total := self.totals[(owner, length)])) else total
+                for owner, length in longest.items()}
 
 
 def _group_mentions(source: MentionSource) -> NameGroups:

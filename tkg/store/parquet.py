@@ -380,8 +380,11 @@ def spilling_connection(temporary_folder: Path, memory_limit: str, disk_limit: s
     memory run out of core), at most `disk_limit` of it, and keeps rows in the order queries
     ask for."""
     temporary_folder.mkdir(parents=True, exist_ok=True)
-    return duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(temporary_folder),
-                                  "max_temp_directory_size": disk_limit, "preserve_insertion_order": True})
+    connection = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(temporary_folder),
+                                        "max_temp_directory_size": disk_limit, "preserve_insertion_order": True})
+    # the limit as given, for a lowered one to be set back exactly (tkg.core.machine.room_for_duckdb)
+    connection.execute("SET VARIABLE tkg_memory_limit = $limit", {"limit": memory_limit})
+    return connection
 
 
 def _object(uri: str) -> tuple[pafs.FileSystem, str]:
