@@ -424,3 +424,38 @@ def test_each_mentions_canonical_is_joined_with_the_names_as_the_hash_table(tmp_
         probe, build = join(plan[0])["children"]  # DuckDB builds its hash table from the second child
         assert build["name"] == "PYTHON_ARROW_SCAN" and "PARQUET_SCAN" in json.dumps(probe)
         assert resolution.mapping.num_rows == 30 * 400
+
+
+def test_the_evidence_of_names_that_extend_each_other_is_the_same_whatever_batches_it_is_read_in(monkeypatch):
+    """At 10M events the wanted organisations' mentions are millions, so their evidence is read
+    a batch at a time: each group's vector is the sum of its vectors of its longest length in
+    mention order, normalised, the same to the last bit in batches of 3 rows as in one, and its
+    descriptions are every mention's."""
+    import numpy as np
+
+    from tkg.resolve import resolution
+    from tkg.resolve.resolution import MentionSource, _group_mentions
+
+    rng = np.random.default_rng(7)
+    rows = []
+    for index in range(90):
+        name = ("Micron", "Micron Memory", "Micron Technology")[index % 3]
+        length = (8, 8, 4, 0)[index % 4]  # 'Micron Memory' has vectors of two lengths and none; the longest count
+        rows.append({"entity_id": f"m{index:03d}", "event_id": "e", "company": "X", "quarter": None, "name": name,
+                     "type": "Organization", "description": f"{name} text {index % 5}", "seen_at": T0,
+                     "embedding": rng.standard_normal(length).astype(np.float32).tolist() if length else None})
+    groups = _group_mentions(MentionSource.of_table(tables.to_table(rows, tables.ENTITIES)))
+    wanted = list(range(len(groups)))
+    whole = groups.evidence(wanted)
+    monkeypatch.setattr(resolution, "EVIDENCE_BATCH_ROWS", 3)
+    batched = groups.evidence(wanted)
+    for group in wanted:
+        name = groups.names[group]
+        vectors = [row["embedding"] for row in rows if row["name"] == name and row["embedding"] is not None]
+        longest = max(len(vector) for vector in vectors)
+        total = np.zeros(longest, np.float32)
+        for vector in (v for v in vectors if len(v) == longest):  # row after row, in mention order
+            total = total + np.array(vector, np.float32)
+        assert np.array_equal(whole[group][1], total / np.linalg.norm(total))
+        assert np.array_equal(batched[group][1], whole[group][1])
+        assert batched[group][0] == whole[group][0] == {row["description"] for row in rows if row["name"] == name}

@@ -29,7 +29,15 @@ from tkg.build.stages import (
     stale_work,
 )
 from tkg.build.state import HalfBuilt
-from tkg.core.machine import MemoryExceeded
+from tkg.core.machine import (
+    DUCKDB_FLOOR_BYTES,
+    DUCKDB_SHARE_OF_ROOM,
+    MemoryExceeded,
+    duckdb_size_bytes,
+    memory_watch,
+    resident_bytes,
+    room_for_duckdb,
+)
 from tkg.core.companies import DEFAULT_COMPANIES_FILE
 from tkg.settings import Settings
 from tkg.store.parquet import ParquetStore
@@ -259,7 +267,7 @@ def test_a_spill_past_its_disk_limit_stops_with_a_message_naming_it(tmp_path, mo
     with settings.spilling_connection() as connection:
         allowed = connection.execute("SELECT current_setting('max_temp_directory_size')").fetchall()[0][0]
     half = shutil.disk_usage(tmp_path).free / 2
-    assert 0.8 * half < _bytes(allowed) < 1.2 * half
+    assert 0.8 * half < duckdb_size_bytes(allowed) < 1.2 * half
 
     monkeypatch.setenv("TKG_STEP_DISK", "2MB")
     settings = Settings.resolve().with_changes(step_memory="40MB")
@@ -273,10 +281,31 @@ def test_a_spill_past_its_disk_limit_stops_with_a_message_naming_it(tmp_path, mo
         Settings.resolve()
 
 
-def _bytes(duckdb_size: str) -> float:
-    """A size as DuckDB shows a setting ('11.9 GiB') in bytes."""
-    number, unit = duckdb_size.split()
-    return float(number) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
+def test_duckdb_gets_a_share_of_the_room_a_memory_watch_leaves_and_its_limit_back(tmp_path, monkeypatch):
+    """A global step whose Python objects already hold much of TKG_MEMORY_LIMIT (resolution's
+    names at 10M events) gives its big DuckDB work a share of what the watch leaves, not the
+    whole TKG_STEP_MEMORY beside them, and DuckDB spills sooner; the limit the connection was
+    made with comes back exactly, however often; with room to spare, or no watch, nothing changes."""
+    monkeypatch.setenv("TKG_HOME", str(tmp_path / "home"))
+    settings = Settings.resolve().with_changes(step_memory="1907MiB")
+    with settings.spilling_connection() as connection:
+        def limit() -> int:
+            return duckdb_size_bytes(connection.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+
+        given = limit()
+        with room_for_duckdb(connection):
+            assert limit() == given
+        room = 600 * 2**20
+        with memory_watch(resident_bytes() + room, "a step", connection.interrupt):
+            for _ in range(3):
+                with room_for_duckdb(connection):
+                    assert DUCKDB_FLOOR_BYTES <= limit() <= DUCKDB_SHARE_OF_ROOM * room
+                    sorted_rows = connection.execute("SELECT count(*) FROM (SELECT md5(range::VARCHAR) AS s FROM range(2000000) "
+                                                     "ORDER BY s)").fetchall()[0][0]
+                    assert sorted_rows == 2_000_000
+                assert limit() == given
+        with memory_watch(resident_bytes() + 64 * 2**30, "a roomy step", connection.interrupt), room_for_duckdb(connection):
+            assert limit() == given
 
 
 def test_a_memory_setting_that_is_not_a_size_is_named(tmp_path):

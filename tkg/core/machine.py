@@ -60,7 +60,7 @@ _DUCKDB_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2*
                  "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
 
-def _duckdb_size(shown: str) -> int:
+def duckdb_size_bytes(shown: str) -> int:
     """DuckDB's way of showing a size ('1.8 GiB', '953.6 MiB') in bytes."""
     number, _, unit = shown.strip().partition(" ")
     return int(float(number) * _DUCKDB_UNITS.get(unit or "bytes", 1))
@@ -80,7 +80,7 @@ def room_for_duckdb(connection: Any) -> Iterator[None]:
         return
     shown, given = connection.execute("SELECT current_setting('memory_limit'), getvariable('tkg_memory_limit')").fetchall()[0]
     room = max(DUCKDB_FLOOR_BYTES, int((_watched_limits[-1] - resident) * DUCKDB_SHARE_OF_ROOM))
-    if room >= _duckdb_size(shown):
+    if room >= duckdb_size_bytes(shown):
         yield
         return
     connection.execute(f"SET memory_limit = '{room}B'")

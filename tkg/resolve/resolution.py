@@ -421,7 +421,9 @@ class _VectorSums:
                 total = self.totals.get((owner, length))
                 if total is not None:  # continue the running sum: (total + r1) + r2 ...
                     part = np.vstack([total[None, :], part])
-                self.totals[(owner, length)] = np.add.reduceat(part, [0], axis=0)[0]  # in order (sum() pairs them)
+                # accumulate adds row after row (sum() and reduceat pair or unroll them: bits that
+                # would depend on where the batches were cut)
+                self.totals[(owner, length)] = np.add.accumulate(part, axis=0)[-1]
 
     def means(self) -> dict[int, np.ndarray]:
         """Each owner's mean unit vector: the sum of its vectors of its longest length, normalised."""
