@@ -7,6 +7,7 @@ from collections import Counter
 
 from tkg.core import tables
 from tkg.core.ids import short_hash
+from tkg.core.machine import room_for_duckdb
 from tkg.core.results import StageJob, StageResult
 from tkg.resolve.resolution import MentionSource, resolve_entities
 from tkg.resolve.spoken import call_mentions
@@ -34,6 +35,10 @@ def canonical_entities(job: StageJob) -> StageResult:
 
 # Bump when the phrases or linking rules of tkg.resolve.spoken change.
 SPOKEN_VERSION = "spoken-mentions-2"
+
+# Chunks read at a time (a reader's default is a million rows: at 10M events, GB of text as
+# Python objects).
+CHUNK_BATCH_ROWS = 8192
 
 # Each call's participants with their canonical person: the subjects of the HOLDS_ROLE triplets
 # stated from the participants chunk.
@@ -72,7 +77,6 @@ def spoken_mentions(job: StageJob) -> StageResult:
         people.setdefault(transcript_id, {}).setdefault(participant, canonical_id)
         company_people.setdefault(company, {}).setdefault(participant, canonical_id)
     records, counts = [], Counter()
-    reader = connection.sql("SELECT * FROM call_chunks ORDER BY transcript_id, chunk_index").to_arrow_reader()
     call: list[dict] = []
 
     def flush() -> None:
@@ -89,11 +93,13 @@ def spoken_mentions(job: StageJob) -> StageResult:
                             "canonical_id": listed.get(row["participant"]) or known[row["participant"]]})
         call.clear()
 
-    for batch in reader:
-        for chunk in batch.to_pylist():
-            if call and chunk["transcript_id"] != call[0]["transcript_id"]:
-                flush()
-            call.append(chunk)
+    with room_for_duckdb(connection):  # the sort of every chunk's text, beside the participants above
+        reader = connection.sql("SELECT * FROM call_chunks ORDER BY transcript_id, chunk_index").fetch_arrow_reader(CHUNK_BATCH_ROWS)
+        for batch in reader:
+            for chunk in batch.to_pylist():
+                if call and chunk["transcript_id"] != call[0]["transcript_id"]:
+                    flush()
+                call.append(chunk)
     flush()
     records.sort(key=lambda r: r["mention_id"])
     counts["spoken_mentions"] = len(records)
