@@ -33,7 +33,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from itertools import groupby
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import duckdb
 import numpy as np
@@ -355,41 +355,55 @@ class NameGroups:
     def __len__(self) -> int:
         return len(self.names)
 
-    def evidence(self, wanted: Iterable[int]) -> dict[int, tuple[frozenset[str], np.ndarray | None]]:
-        """For each wanted group: the distinct descriptions of its mentions, and the mean unit
-        embedding of those of its longest embedding length (None without embeddings), all read
-        in one pass. A group's evidence depends on its own mentions alone, not on which other
-        groups are wanted with it (and no other pass over every mention's embedding is needed).
+    def evidence(self, wanted: Iterable[int]) -> dict[int, tuple[bytes, np.ndarray | None]]:
+        """For each wanted group: a digest of the set of its mentions' distinct descriptions
+        (equal digests, equal sets), and the mean unit embedding of those of its longest
+        embedding length (None without embeddings), all read in one pass. A group's evidence
+        depends on its own mentions alone, not on which other groups are wanted with it (and no
+        other pass over every mention's embedding is needed).
 
         The wanted groups' mentions can be millions (every mention of a common organisation
-        name): DuckDB sorts them out of core and they are read a batch at a time, each group's
-        vectors added to its running sum in mention order."""
+        name): DuckDB sorts them out of core and they are read a batch at a time, group after
+        group, so only one group's descriptions are held at once and each group's vectors are
+        added to its running sum in mention order."""
         wanted = sorted(set(wanted))
         connection = self.source.connection
         keys = pa.table({"group": pa.array(wanted, pa.int64()), "type": [self.types[g] for g in wanted],
                          "name": [self.names[g] for g in wanted]})
         connection.register("_wanted_groups", keys)
         with room_for_duckdb(connection):  # the names above are much of the step's memory at 10M events
-            descriptions, sums = self._read_evidence(connection, wanted)
+            digests, sums = self._read_evidence(connection)
         connection.unregister("_wanted_groups")
         vectors = sums.means()
-        return {group: (frozenset(descriptions[group]), vectors.get(group)) for group in wanted}
+        return {group: (digests.get(group, descriptions_digest(set())), vectors.get(group)) for group in wanted}
 
     @staticmethod
-    def _read_evidence(connection: duckdb.DuckDBPyConnection, wanted: list[int]) -> tuple[dict[int, set[str]], _VectorSums]:
+    def _read_evidence(connection: duckdb.DuckDBPyConnection) -> tuple[dict[int, bytes], _VectorSums]:
         reader = connection.sql(f"""
             SELECT w."group", m.description, m.embedding FROM mentions m JOIN _wanted_groups w USING (type, name)
             WHERE length(m.name) > 0
             ORDER BY w."group", {', '.join('m.' + c.strip() for c in _ORDER.split(','))}""").fetch_record_batch(EVIDENCE_BATCH_ROWS)
-        descriptions: dict[int, set[str]] = {group: set() for group in wanted}
+        digests: dict[int, bytes] = {}
+        current, descriptions = None, set()
         sums = _VectorSums()
         for batch in reader:
             owners = batch.column(0).to_numpy()
             for group, description in zip(owners.tolist(), batch.column(1).to_pylist()):
+                if group != current:  # the rows come group after group
+                    if current is not None:
+                        digests[current] = descriptions_digest(descriptions)
+                    current, descriptions = group, set()
                 if description:
-                    descriptions[group].add(description)
+                    descriptions.add(description)
             sums.add(owners, batch.column(2))
-        return descriptions, sums
+        if current is not None:
+            digests[current] = descriptions_digest(descriptions)
+        return digests, sums
+
+
+def descriptions_digest(descriptions: set[str]) -> bytes:
+    """A digest of a set of descriptions: equal for equal sets (the evidence compares sets)."""
+    return hashlib.sha256("".join(f"{len(text)}:{text}" for text in sorted(descriptions)).encode()).digest()
 
 
 # Rows of the wanted groups' mentions read at a time (`NameGroups.evidence`): a mention's
@@ -423,7 +437,7 @@ class _VectorSums:
                     part = np.vstack([total[None, :], part])
                 # accumulate adds row after row (sum() and reduceat pair or unroll them: bits that
                 # would depend on where the batches were cut)
-                self.totals[(owner, length)] = np.add.accumulate(part, axis=0)[-1]
+                self.totals[(owner, length)] = np.add.accumulate(part, axis=0)[-1].copy()  # not a view of every row
 
     def means(self) -> dict[int, np.ndarray]:
         """Each owner's mean unit vector: the sum of its vectors of its longest length, normalised."""
@@ -543,16 +557,13 @@ def _cluster_fuzzy(keys: list[str], agree: Callable[[list[tuple[int, int]]], lis
                     if len(single.split()) == 1 and len(multi.split()) > 1 and len(single) >= 2 and single == _acronym(multi):
                         finder.union(members[a], members[b])
             continue
-        workers = -1 if len(names) > 256 else 1  # threads cost more than they save on small blocks
-        ratio = process.cdist(names, names, scorer=fuzz.ratio, workers=workers, score_cutoff=EXTENSION_THRESHOLD - 30)
-        partial = process.cdist(names, names, scorer=fuzz.partial_ratio, workers=workers, score_cutoff=EXTENSION_THRESHOLD)
-        for a, b in zip(*np.nonzero(np.triu(np.maximum(ratio, partial), k=1))):
+        for a, b, ratio, partial in _similar_pairs(names):
             one, other = names[a], names[b]
             if _digits(one) != _digits(other):
                 continue  # 'revenue q3 2016' is not 'revenue q4 2016'
-            if ratio[a, b] >= FUZZY_THRESHOLD:
+            if ratio >= FUZZY_THRESHOLD:
                 finder.union(members[a], members[b])
-            elif organisations and partial[a, b] >= EXTENSION_THRESHOLD:
+            elif organisations and partial >= EXTENSION_THRESHOLD:
                 short, long = sorted((one, other), key=len)
                 if _extends(short, long):
                     finder.union(members[a], members[b])
@@ -563,6 +574,24 @@ def _cluster_fuzzy(keys: list[str], agree: Callable[[list[tuple[int, int]]], lis
             if agreed:
                 finder.union(a, b)
     return finder.labels()
+
+
+# Scores of one block computed at a time, in rows of names against the whole block: a block of
+# 20,000 names (a common first word at 10M events) as one matrix was 1.6 GB per scorer.
+SCORE_CELLS = 4_000_000
+
+
+def _similar_pairs(names: list[str]) -> Iterator[tuple[int, int, float, float]]:
+    """The pairs (a < b) of `names` whose ratio or partial ratio reaches the bands clustering
+    looks at, with both scores, in row-major order."""
+    workers = -1 if len(names) > 256 else 1  # threads cost more than they save on small blocks
+    rows = max(1, SCORE_CELLS // len(names))
+    for low in range(0, len(names), rows):
+        chunk = names[low:low + rows]
+        ratio = process.cdist(chunk, names, scorer=fuzz.ratio, workers=workers, score_cutoff=EXTENSION_THRESHOLD - 30)
+        partial = process.cdist(chunk, names, scorer=fuzz.partial_ratio, workers=workers, score_cutoff=EXTENSION_THRESHOLD)
+        for a, b in zip(*np.nonzero(np.triu(np.maximum(ratio, partial), k=low + 1))):
+            yield low + int(a), int(b), ratio[a, b], partial[a, b]
 
 
 def _descriptions_agree(groups: NameGroups, pairs: list[tuple[int, int]], offset: int = 0) -> list[bool]:
