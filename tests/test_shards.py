@@ -283,28 +283,38 @@ def test_a_spill_past_its_disk_limit_stops_with_a_message_naming_it(tmp_path, mo
 
 def test_duckdb_gets_a_share_of_the_room_a_memory_watch_leaves_and_its_limit_back(tmp_path, monkeypatch):
     """A global step whose Python objects already hold much of TKG_MEMORY_LIMIT (resolution's
-    names at 10M events) gives its big DuckDB work a share of what the watch leaves, not the
-    whole TKG_STEP_MEMORY beside them, and DuckDB spills sooner; the limit the connection was
-    made with comes back exactly, however often; with room to spare, or no watch, nothing changes."""
+    names at 10M events) gives its big DuckDB work a share of what the watch leaves beside them
+    (DuckDB's own buffers not counted as theirs), not the whole TKG_STEP_MEMORY, and DuckDB
+    spills sooner; the limit the connection was made with comes back exactly, however often;
+    with room to spare, or no watch, nothing changes; and what DuckDB cannot fit in the room is
+    named as such."""
     monkeypatch.setenv("TKG_HOME", str(tmp_path / "home"))
-    settings = Settings.resolve().with_changes(step_memory="1907MiB")
+    settings = Settings.resolve().with_changes(step_memory="1907MiB", memory_limit="4GB")
     with settings.spilling_connection() as connection:
         def limit() -> int:
             return duckdb_size_bytes(connection.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+
+        def other() -> int:  # the process's memory besides DuckDB's buffers
+            return resident_bytes() - connection.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0][0]
 
         given = limit()
         with room_for_duckdb(connection):
             assert limit() == given
         room = 600 * 2**20
-        with memory_watch(resident_bytes() + room, "a step", connection.interrupt):
+        with memory_watch(other() + room, "a step", connection.interrupt):
             for _ in range(3):
                 with room_for_duckdb(connection):
-                    assert DUCKDB_FLOOR_BYTES <= limit() <= DUCKDB_SHARE_OF_ROOM * room
+                    assert DUCKDB_FLOOR_BYTES <= limit() <= DUCKDB_SHARE_OF_ROOM * (room + 2**27) < given
                     sorted_rows = connection.execute("SELECT count(*) FROM (SELECT md5(range::VARCHAR) AS s FROM range(2000000) "
                                                      "ORDER BY s)").fetchall()[0][0]
                     assert sorted_rows == 2_000_000
                 assert limit() == given
-        with memory_watch(resident_bytes() + 64 * 2**30, "a roomy step", connection.interrupt), room_for_duckdb(connection):
+            with pytest.raises(MemoryExceeded, match=r"a step: DuckDB needed more than the 0\.\d+ GB its other memory left it "
+                                                     r"under TKG_MEMORY_LIMIT=4GB .*raise TKG_MEMORY_LIMIT"):
+                with _duckdb_memory_named("a step", settings, None), room_for_duckdb(connection):
+                    connection.execute("SELECT list(range) FROM range(200000000)").fetchall()  # one list: no spilling it
+            assert limit() == given
+        with memory_watch(other() + 64 * 2**30, "a roomy step", connection.interrupt), room_for_duckdb(connection):
             assert limit() == given
 
 

@@ -40,7 +40,7 @@ from tkg.build.state import (
 )
 from tkg.core import tables
 from tkg.core.ids import short_hash
-from tkg.core.machine import MemoryExceeded, memory_watch, room_for_duckdb
+from tkg.core.machine import MemoryExceeded, duckdb_room_given, memory_watch, room_for_duckdb
 from tkg.core.partitions import Partition, key_of
 from tkg.core.results import StageIncomplete, StageJob, StageResult, missing_text
 from tkg.core.versions import Stamp, stamp_of_schema, stamped
@@ -377,6 +377,11 @@ def _duckdb_memory_named(what: str, settings: Settings, shard: str | None) -> It
             raise MemoryExceeded(f"{what}: DuckDB spilled more than TKG_STEP_DISK={settings.step_disk or 'half the free disk'} "
                                  f"to disk ({str(error).splitlines()[0]}); {smaller}free disk space or raise "
                                  "TKG_STEP_DISK") from error
+        room = duckdb_room_given(error)
+        if room is not None:  # lowered beside the step's other memory
+            raise MemoryExceeded(f"{what}: DuckDB needed more than the {room / 1e9:.2f} GB its other memory left it under "
+                                 f"TKG_MEMORY_LIMIT={settings.memory_limit} ({str(error).splitlines()[0]}); "
+                                 f"{smaller}raise TKG_MEMORY_LIMIT") from error
         raise MemoryExceeded(f"{what}: DuckDB needed more than TKG_STEP_MEMORY={settings.step_memory} "
                              f"({str(error).splitlines()[0]}); {smaller}raise TKG_STEP_MEMORY") from error
 

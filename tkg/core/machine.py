@@ -69,25 +69,45 @@ def duckdb_size_bytes(shown: str) -> int:
 @contextmanager
 def room_for_duckdb(connection: Any) -> Iterator[None]:
     """For the work inside: `connection`'s DuckDB memory limit lowered, if need be, to a share of
-    what the memory watch around it (`memory_watch`) leaves this process now. A step whose
-    Python objects already hold much of its limit (resolution's names at 10M events) then has
-    DuckDB spill sooner instead of the process passing the limit. Without a watch, or with room
-    to spare, nothing changes. The limit is then set back to the one the connection was made
-    with (tkg.store.parquet.spilling_connection records it), else to DuckDB's rounding of it."""
+    what the memory watch around it (`memory_watch`) leaves beside the process's other memory
+    (what it holds besides DuckDB's own buffers). A step whose Python objects already hold much
+    of its limit (resolution's names at 10M events) then has DuckDB spill sooner instead of the
+    process passing the limit. Without a watch, or with room to spare, nothing changes. The
+    limit is then set back to the one the connection was made with
+    (tkg.store.parquet.spilling_connection records it), else to DuckDB's rounding of it. A
+    DuckDB out-of-memory error inside carries a note of the room it was given."""
     resident = resident_bytes()
     if not _watched_limits or not resident:
         yield
         return
-    shown, given = connection.execute("SELECT current_setting('memory_limit'), getvariable('tkg_memory_limit')").fetchall()[0]
-    room = max(DUCKDB_FLOOR_BYTES, int((_watched_limits[-1] - resident) * DUCKDB_SHARE_OF_ROOM))
+    shown, given, held = connection.execute("SELECT current_setting('memory_limit'), getvariable('tkg_memory_limit'), "
+                                            "(SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory())").fetchall()[0]
+    other = max(0, resident - int(held))
+    room = max(DUCKDB_FLOOR_BYTES, int((_watched_limits[-1] - other) * DUCKDB_SHARE_OF_ROOM))
     if room >= duckdb_size_bytes(shown):
         yield
         return
     connection.execute(f"SET memory_limit = '{room}B'")
     try:
         yield
+    except Exception as error:
+        if type(error).__name__ == "OutOfMemoryException":
+            error.add_note(f"{DUCKDB_ROOM_NOTE}{room}")
+        raise
     finally:
         connection.execute("SET memory_limit = $limit", {"limit": given or shown})
+
+
+# How room_for_duckdb notes the room it gave on a DuckDB out-of-memory error (bytes follow).
+DUCKDB_ROOM_NOTE = "tkg: DuckDB was given "
+
+
+def duckdb_room_given(error: BaseException) -> int | None:
+    """The room room_for_duckdb gave the DuckDB work that failed with `error`, if it lowered it."""
+    for note in getattr(error, "__notes__", []):
+        if note.startswith(DUCKDB_ROOM_NOTE):
+            return int(note[len(DUCKDB_ROOM_NOTE):])
+    return None
 
 
 class MemoryExceeded(RuntimeError):
