@@ -46,8 +46,8 @@ from rapidfuzz import fuzz, process
 
 from tkg.core import tables
 from tkg.core.arrays import run_starts
-from tkg.core.machine import room_for_duckdb
 from tkg.core.companies import Company, load_companies
+from tkg.core.machine import room_for_duckdb
 from tkg.core.names import company_for_name, fold, organisation_key
 from tkg.core.roles import parse_offices
 
