@@ -20,6 +20,7 @@ from pathlib import Path
 import duckdb
 
 from tkg.core.embeddings import wordllama_name
+from tkg.core.machine import SIZE_UNITS
 from tkg.llm.settings import (
     LLMSettings,
     choose_backend,
@@ -45,10 +46,6 @@ def _shards(value: str | None) -> int:
     return int(value)
 
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
 def size_in_bytes(value: str, variable: str) -> int:
     """'4GB', '512MB', '1.5GiB' in bytes; anything else is an error naming `variable`."""
     text = value.strip().upper().replace(" ", "")
@@ -58,9 +55,9 @@ def size_in_bytes(value: str, variable: str) -> int:
         amount = float(number)
     except ValueError:
         amount = -1.0
-    if unit not in _UNITS or amount <= 0:
+    if unit not in SIZE_UNITS or amount <= 0:
         raise ValueError(f"{variable}={value!r} is not a size; give one like 4GB, 512MB or 1.5GiB")
-    return int(amount * _UNITS[unit])
+    return int(amount * SIZE_UNITS[unit])
 
 
 def _count(value: str | None, default: int, variable: str, meaning: str) -> int:

@@ -10,7 +10,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+
+import duckdb
 
 
 def usable_cores() -> int:
@@ -56,18 +57,19 @@ _watched_limits: list[int] = []
 # DuckDB overshoots its limit a little, and Arrow batches of the query's result sit beside it.
 DUCKDB_SHARE_OF_ROOM = 0.6
 DUCKDB_FLOOR_BYTES = 256 * 2**20
-_DUCKDB_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
-                 "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+# Size units, upper-cased: the settings' ('4GB', '1.5GiB') and DuckDB's ('953.6 MiB', '0 bytes').
+SIZE_UNITS = {"": 1, "B": 1, "BYTES": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 def duckdb_size_bytes(shown: str) -> int:
     """DuckDB's way of showing a size ('1.8 GiB', '953.6 MiB') in bytes."""
     number, _, unit = shown.strip().partition(" ")
-    return int(float(number) * _DUCKDB_UNITS.get(unit or "bytes", 1))
+    return int(float(number) * SIZE_UNITS[unit.upper()])
 
 
 @contextmanager
-def room_for_duckdb(connection: Any) -> Iterator[None]:
+def room_for_duckdb(connection: duckdb.DuckDBPyConnection) -> Iterator[None]:
     """For the work inside: `connection`'s DuckDB memory limit lowered, if need be, to a share of
     what the memory watch around it (`memory_watch`) leaves beside the process's other memory
     (what it holds besides DuckDB's own buffers). A step whose Python objects already hold much
@@ -90,9 +92,8 @@ def room_for_duckdb(connection: Any) -> Iterator[None]:
     connection.execute(f"SET memory_limit = '{room}B'")
     try:
         yield
-    except Exception as error:
-        if type(error).__name__ == "OutOfMemoryException":
-            error.add_note(f"{DUCKDB_ROOM_NOTE}{room}")
+    except duckdb.OutOfMemoryException as error:
+        error.add_note(f"{DUCKDB_ROOM_NOTE}{room}")
         raise
     finally:
         connection.execute("SET memory_limit = $limit", {"limit": given or shown})

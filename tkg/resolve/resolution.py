@@ -371,34 +371,29 @@ class NameGroups:
         keys = pa.table({"group": pa.array(wanted, pa.int64()), "type": [self.types[g] for g in wanted],
                          "name": [self.names[g] for g in wanted]})
         connection.register("_wanted_groups", keys)
-        with room_for_duckdb(connection):  # the names above are much of the step's memory at 10M events
-            digests, sums = self._read_evidence(connection)
-        connection.unregister("_wanted_groups")
-        vectors = sums.means()
-        return {group: (digests.get(group, descriptions_digest(set())), vectors.get(group)) for group in wanted}
-
-    @staticmethod
-    def _read_evidence(connection: duckdb.DuckDBPyConnection) -> tuple[dict[int, bytes], _VectorSums]:
-        reader = connection.sql(f"""
-            SELECT w."group", m.description, m.embedding FROM mentions m JOIN _wanted_groups w USING (type, name)
-            WHERE length(m.name) > 0
-            ORDER BY w."group", {', '.join('m.' + c.strip() for c in _ORDER.split(','))}""").fetch_record_batch(EVIDENCE_BATCH_ROWS)
         digests: dict[int, bytes] = {}
         current, descriptions = None, set()
         sums = _VectorSums()
-        for batch in reader:
-            owners = batch.column(0).to_numpy()
-            for group, description in zip(owners.tolist(), batch.column(1).to_pylist()):
-                if group != current:  # the rows come group after group
-                    if current is not None:
-                        digests[current] = descriptions_digest(descriptions)
-                    current, descriptions = group, set()
-                if description:
-                    descriptions.add(description)
-            sums.add(owners, batch.column(2))
+        with room_for_duckdb(connection):  # the names above are much of the step's memory at 10M events
+            reader = connection.sql(f"""
+                SELECT w."group", m.description, m.embedding FROM mentions m JOIN _wanted_groups w USING (type, name)
+                WHERE length(m.name) > 0
+                ORDER BY w."group", {', '.join('m.' + c.strip() for c in _ORDER.split(','))}""").fetch_record_batch(EVIDENCE_BATCH_ROWS)
+            for batch in reader:
+                owners = batch.column(0).to_numpy()
+                for group, description in zip(owners.tolist(), batch.column(1).to_pylist()):
+                    if group != current:  # the rows come group after group
+                        if current is not None:
+                            digests[current] = descriptions_digest(descriptions)
+                        current, descriptions = group, set()
+                    if description:
+                        descriptions.add(description)
+                sums.add(owners, batch.column(2))
         if current is not None:
             digests[current] = descriptions_digest(descriptions)
-        return digests, sums
+        connection.unregister("_wanted_groups")
+        vectors, no_descriptions = sums.means(), descriptions_digest(set())
+        return {group: (digests.get(group, no_descriptions), vectors.get(group)) for group in wanted}
 
 
 def descriptions_digest(descriptions: set[str]) -> bytes:
@@ -444,8 +439,12 @@ class _VectorSums:
         longest: dict[int, int] = {}
         for owner, length in self.totals:
             longest[owner] = max(longest.get(owner, 0), length)
-        return {owner: total / norm if (norm := np.linalg.norm(total := self.totals[(owner, length)])) else total
-                for owner, length in longest.items()}
+        means = {}
+        for owner, length in longest.items():
+            total = self.totals[(owner, length)]
+            norm = np.linalg.norm(total)
+            means[owner] = total / norm if norm else total
+        return means
 
 
 def _group_mentions(source: MentionSource) -> NameGroups:
