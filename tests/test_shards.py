@@ -8,6 +8,7 @@ import hashlib
 import re
 import shutil
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -212,6 +213,14 @@ def test_a_shard_over_its_memory_limit_fails_alone_and_a_rerun_finishes_only_it(
     assert ranks[biggest].stat().st_mtime_ns > published_at
     assert _digest(home / "tkg.duckdb") != published
     assert store.read(store.global_path("invalidated_events", "event_invalidations")).num_rows > 0
+
+    # Its inputs unchanged since, the shard is kept as it is even under the limit it does not fit
+    # (nothing is read): a step before it that ran again with the same result (a build recording
+    # every shard as current) must not fail on it.
+    low = Runtime.open(replace(_runtime(home, 3).settings, memory_limit=f"{limit}B"))
+    rebuilt = ranks[biggest].stat().st_mtime_ns
+    kept = run_global(low, catalog.stage("candidate_ranks"), biggest)
+    assert "kept as it is" in " ".join(kept.notes) and ranks[biggest].stat().st_mtime_ns == rebuilt
 
 
 def test_a_shard_step_reads_the_global_steps_alone_and_refuses_one_older_than_what_it_reads(sample_home, tmp_path):

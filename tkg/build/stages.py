@@ -217,13 +217,13 @@ def run_global(runtime: Runtime, stage: Stage, shard: str | None = None) -> Stag
     if problems:
         raise HalfBuilt(f"{stage.name}{' shard ' + shard if shard else ''} cannot run yet: {'; '.join(problems)}")
     upstream = {name: stage_version(catalog.stage(name), state, versions) for name in stage.inputs}
-    if shard is not None:
-        check_memory_limit(store, stage, shard, upstream, settings)
     stamp = Stamp(stage.name, runtime.code_versions[stage.name], global_inputs(stage, state, versions, shard))
     kept = _kept(store, stage, shard, stamp) if shard is not None else None
-    if kept is not None:
+    if kept is not None:  # kept as it is, whatever the limit: nothing is read, so nothing is too big
         kept.input_versions = upstream
         return kept
+    if shard is not None:
+        check_memory_limit(store, stage, shard, upstream, settings)
     usage: list[dict[str, Any]] = []
     what = f"{stage.name}{' shard ' + shard if shard else ''}"
     limit = size_in_bytes(settings.memory_limit, "TKG_MEMORY_LIMIT")
