@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -325,6 +327,41 @@ def test_duckdb_gets_a_share_of_the_room_a_memory_watch_leaves_and_its_limit_bac
             assert limit() == given
         with memory_watch(other() + 64 * 2**30, "a roomy step", connection.interrupt), room_for_duckdb(connection):
             assert limit() == given
+
+
+# Work whose memory is all freed when it returns, then what the process holds: once with
+# nothing given back, once inside memory_released (as run_global runs a step), in a process of
+# its own (pytest's would blur the numbers).
+_FREED_WORK = """
+import gc, sys
+import numpy as np, pyarrow as pa, pyarrow.compute as pc
+from tkg.core.machine import memory_released, resident_bytes
+
+def work():  # Arrow buffers in many chunks (a step's tables) and Python objects (its names)
+    numbers = pa.chunked_array([pa.array(np.arange(50_000, dtype=np.float64)) for _ in range(2_000)])
+    texts = [str(i) * 5 for i in range(2_000_000)]
+    return len(pc.cast(numbers, pa.float32())) + len(texts)
+
+start = resident_bytes()
+work()
+gc.collect()
+kept = resident_bytes()
+with memory_released():
+    work()
+print(start, kept, resident_bytes())
+"""
+
+
+def test_what_a_step_freed_goes_back_to_the_system_before_the_next_step(tmp_path):
+    """The global steps of a run share one process, and a worker takes shard after shard, while
+    the memory watch counts resident memory: what the allocators keep of a step's freed memory
+    (Arrow's pool, malloc's heap) would count against the next one. Inside memory_released,
+    which every global step and shard runs in, it goes back to the system when the work ends."""
+    ran = subprocess.run([sys.executable, "-c", _FREED_WORK], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    start, kept, released = map(int, ran.stdout.split())
+    assert kept - start > 300 * 2**20, (start, kept)  # freed, but still the process's
+    assert released - start < (kept - start) / 4, (start, kept, released)
 
 
 def test_a_memory_setting_that_is_not_a_size_is_named(tmp_path):

@@ -40,7 +40,7 @@ from tkg.build.state import (
 )
 from tkg.core import tables
 from tkg.core.ids import short_hash
-from tkg.core.machine import MemoryExceeded, duckdb_room_given, memory_watch, room_for_duckdb
+from tkg.core.machine import MemoryExceeded, duckdb_room_given, memory_released, memory_watch, room_for_duckdb
 from tkg.core.partitions import Partition, key_of
 from tkg.core.results import StageIncomplete, StageJob, StageResult, missing_text
 from tkg.core.versions import Stamp, stamp_of_schema, stamped
@@ -229,7 +229,9 @@ def run_global(runtime: Runtime, stage: Stage, shard: str | None = None) -> Stag
     limit = size_in_bytes(settings.memory_limit, "TKG_MEMORY_LIMIT")
     advice = "more shards (TKG_SHARDS) make each smaller" if shard else "TKG_STEP_MEMORY bounds its DuckDB part"
     # The watch covers the writes too: an output that is a DuckDB relation is computed as it is written.
-    with (settings.spilling_connection() as connection,
+    # What the step freed goes back to the system once its connection is closed, before the next
+    # step or shard this process runs.
+    with (memory_released(), settings.spilling_connection() as connection,
           memory_watch(limit, f"{what} (TKG_MEMORY_LIMIT={settings.memory_limit}; {advice})", connection.interrupt),
           _duckdb_memory_named(what, settings, shard)):
         job = StageJob(None, {}, runtime.providers, allow_partial=settings.allow_partial, store=store, connection=connection,

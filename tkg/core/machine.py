@@ -3,15 +3,19 @@ watch on this process's memory."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 
 def usable_cores() -> int:
@@ -48,6 +52,38 @@ def resident_bytes() -> int:
             return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def release_memory() -> None:
+    """Give the system back what the work just done freed but the allocators keep: Python's
+    unreachable cycles, the pages Arrow's pool (mimalloc, jemalloc) holds for reuse and, with
+    glibc, malloc's free heap (numpy's arrays, Python's objects). The memory watch counts
+    resident memory, so a step that follows another in the same process (the global steps in
+    one run, the shards a worker takes one after another) then starts from what it holds, not
+    from what the step before it peaked at."""
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@contextmanager
+def memory_released() -> Iterator[None]:
+    """`release_memory` once the work inside ends, however it ends."""
+    try:
+        yield
+    finally:
+        release_memory()
+
+
+@cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, where the process's C library is glibc."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # another C library (musl, macOS): nothing to trim
+        return None
 
 
 # The limits of the memory watches running in this process, innermost last.
