@@ -20,7 +20,7 @@ from pathlib import Path
 import duckdb
 
 from tkg.core.embeddings import wordllama_name
-from tkg.core.machine import SIZE_UNITS
+from tkg.core.machine import SIZE_UNITS, usable_cores
 from tkg.llm.settings import (
     LLMSettings,
     choose_backend,
@@ -95,6 +95,10 @@ class Settings:
     # The most a global step's DuckDB (or the publish) may spill to disk; unset, half the disk's
     # free space when the step starts, so that a runaway query never fills it (TKG_STEP_DISK)
     step_disk: str | None = None
+    # DuckDB's threads in a global step's connection: unset, one per core; a process of a pool of
+    # worker processes takes its share of the cores (for_workers), so that the pool does not run
+    # more threads than there are cores, each paying to share them
+    duckdb_threads: int | None = None
     # A UI backfill's runs: at most this many partitions each, built by this many worker processes
     # of tkg build's pool (1: in the run's own process). TKG_PARTITIONS_PER_RUN=1 is one run per partition.
     partitions_per_run: int = 50  # (TKG_PARTITIONS_PER_RUN) ten years of a company's quarters, plus the one under way
@@ -148,7 +152,7 @@ class Settings:
         """A DuckDB connection for a global step's set work: it spills past `step_memory` to a
         temporary folder under the home."""
         folder = self.home / "tmp" / "duckdb"
-        return spilling_connection(folder, self.duckdb_memory, self.duckdb_disk(folder))
+        return spilling_connection(folder, self.duckdb_memory, self.duckdb_disk(folder), self.duckdb_threads)
 
     @property
     def duckdb_memory(self) -> str:
@@ -167,9 +171,10 @@ class Settings:
         return replace(self, **changes)
 
     def for_workers(self, workers: int) -> Settings:
-        """The settings of one of `workers` processes: the request limit is per process, so it is
-        split between them, and together they keep to it."""
-        return replace(self, llm=replace(self.llm, max_in_flight=max(1, self.llm.max_in_flight // max(1, workers))))
+        """The settings of one of `workers` processes: the request limit and the cores are per
+        process, so they are split between them, and together they keep to them."""
+        return replace(self, llm=replace(self.llm, max_in_flight=max(1, self.llm.max_in_flight // max(1, workers))),
+                       duckdb_threads=max(1, usable_cores() // workers) if workers > 1 else self.duckdb_threads)
 
     def embedder_name(self) -> str:
         """The model the statement vectors come from, as recorded in raw.build_info."""

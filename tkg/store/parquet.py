@@ -374,14 +374,16 @@ def _write_parquet(data: pa.Table | pa.RecordBatchReader, where: str, filesystem
             writer.write_batch(batch)
 
 
-def spilling_connection(temporary_folder: Path, memory_limit: str, disk_limit: str) -> duckdb.DuckDBPyConnection:
+def spilling_connection(temporary_folder: Path, memory_limit: str, disk_limit: str,
+                        threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection for the global steps' set work: it stays under
     `memory_limit` by spilling to `temporary_folder` (sorts, joins and aggregates larger than
     memory run out of core), at most `disk_limit` of it, and keeps rows in the order queries
-    ask for."""
+    ask for; `threads`, unset, is one per core."""
     temporary_folder.mkdir(parents=True, exist_ok=True)
     connection = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(temporary_folder),
-                                        "max_temp_directory_size": disk_limit, "preserve_insertion_order": True})
+                                        "max_temp_directory_size": disk_limit, "preserve_insertion_order": True,
+                                        **({"threads": threads} if threads else {})})
     # the limit as given, for a lowered one to be set back exactly (tkg.core.machine.room_for_duckdb)
     connection.execute("SET VARIABLE tkg_memory_limit = $limit", {"limit": memory_limit})
     return connection
