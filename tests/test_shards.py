@@ -31,7 +31,7 @@ from tkg.build.stages import (
     shard_input,
     stale_work,
 )
-from tkg.build.state import HalfBuilt
+from tkg.build.state import HalfBuilt, partitions_listed_once, read_state
 from tkg.core.machine import (
     DUCKDB_FLOOR_BYTES,
     DUCKDB_SHARE_OF_ROOM,
@@ -251,6 +251,31 @@ def test_a_shard_step_reads_the_global_steps_alone_and_refuses_one_older_than_wh
     with pytest.raises(HalfBuilt, match="candidate_ranks shard 00 cannot run yet: fact_blocks older than its inputs"):
         run_global(runtime, catalog.stage("candidate_ranks"), "00")
     assert ranks.stat().st_mtime_ns == built
+
+
+def test_a_run_of_the_global_steps_lists_the_partitions_once_and_the_global_steps_each_time(sample_home, tmp_path):
+    """The global steps write no partition, so their run lists the partitions' stamps once
+    (partitions_listed_once; at 5M events each listing is 129,000 files) and reads its own
+    steps' stamps each time: a partition changed meanwhile is seen by the next run, a global
+    step that wrote meanwhile at once."""
+    home = _copy(sample_home, tmp_path / "home")
+    store = ParquetStore(home)
+    before = read_state(store, catalog.shard_keys(8))
+    partition = sorted(before.partitions)[0]
+    with partitions_listed_once(store):
+        assert read_state(store, catalog.shard_keys(8)).partitions == before.partitions
+        store.partition_path("triplets", *partition).unlink()  # another run rebuilding it
+        shutil.rmtree(home / "parquet" / "fact_relevance")
+        shutil.rmtree(home / "parquet" / "judged_pairs" / "shard=03")
+        inside = read_state(store, catalog.shard_keys(8))
+        assert inside.partitions == before.partitions  # the listing of the run's first read
+        assert inside.globals["fact_relevance"] is None and before.globals["fact_relevance"] is not None
+        assert inside.shards["judged_pairs"]["03"] is None and inside.shards["judged_pairs"]["02"] is not None
+        assert read_state(ParquetStore(tmp_path / "other")).partitions == {}  # another store is listed as it is
+    after = read_state(store, catalog.shard_keys(8))
+    assert after.partitions[partition]["triplets"] is None
+    assert {key: stamps for key, stamps in after.partitions.items() if key != partition} == \
+        {key: stamps for key, stamps in before.partitions.items() if key != partition}
 
 
 def test_a_global_step_past_its_duckdb_memory_fails_named_and_keeps_the_published_graph(sample_home, tmp_path):
