@@ -160,39 +160,45 @@ def refresh_global(log, settings: Settings, config: GlobalSteps, api_key: str | 
     A step that fails raises a Failure once its other shards have landed: nothing after it
     runs, and the graph keeps its last good contents."""
     runtime = Runtime.open(settings, api_key=api_key)
-    cores = config.workers or usable_cores()
-    upstream_ran = False
     # The global steps write no partition: the partitions' stamps are listed once for all of them.
     with partitions_listed_once(runtime.store):
-        for stage in catalog.GLOBAL:
-            stale = stale_work(runtime, stage)
-            # After a step before it ran, a shard whose rows did not change is recorded as kept (its
-            # run only looks at its stamp), so the UI sees it current against its inputs' new versions.
-            kept = [shard for shard in catalog.shard_keys(settings.shards) if shard not in stale] \
-                if stage.sharded and upstream_ran else []
-            if not stale and not kept:
-                log.info(f"{stage.name}: current, skipped")
-                continue
-            running = f"running {', '.join(stale) if stage.sharded else 'over every partition'}" if stale else "nothing to run"
-            log.info(f"{stage.name}: {running}" + (f"; shards {', '.join(kept)} kept" if kept else ""))
-            if stage.sharded:
-                tasks = [ShardTask(stage.name, shard) for shard in stale]
-                workers = cores if shard_input_bytes(settings, stage) > IN_PROCESS_BYTES else 1
-                outcomes = list(run_partitions(settings.for_workers(workers), tasks, workers, config.log_level,
-                                               on_notice=on_notice))
-                outcomes += [build_one(settings, ShardTask(stage.name, shard)) for shard in kept]
-            else:
-                outcomes = [build_one(settings, GlobalTask(stage.name))]
-            upstream_ran = upstream_ran or bool(stale)
-            failed = [outcome for outcome in outcomes if not outcome.ok]
-            for outcome in outcomes:
-                if outcome.ok:
-                    yield from materialisations(outcome)
-            if failed:
-                raise dg.Failure(
-                    description=f"{stage.name}: {len(failed)} of {len(outcomes)} run(s) failed; the graph keeps its last good "
-                                "contents: " + "; ".join(f"{outcome.key}: {outcome.error}" for outcome in failed[:5]),
-                    metadata={"failed": dg.MetadataValue.json({outcome.key: outcome.error for outcome in failed})})
+        yield from _run_global_steps(log, runtime, config, on_notice)
+
+
+def _run_global_steps(log, runtime: Runtime, config: GlobalSteps,
+                      on_notice: Callable[[str], None] | None) -> Iterator[dg.AssetMaterialization]:
+    settings = runtime.settings
+    cores = config.workers or usable_cores()
+    upstream_ran = False
+    for stage in catalog.GLOBAL:
+        stale = stale_work(runtime, stage)
+        # After a step before it ran, a shard whose rows did not change is recorded as kept (its
+        # run only looks at its stamp), so the UI sees it current against its inputs' new versions.
+        kept = [shard for shard in catalog.shard_keys(settings.shards) if shard not in stale] \
+            if stage.sharded and upstream_ran else []
+        if not stale and not kept:
+            log.info(f"{stage.name}: current, skipped")
+            continue
+        running = f"running {', '.join(stale) if stage.sharded else 'over every partition'}" if stale else "nothing to run"
+        log.info(f"{stage.name}: {running}" + (f"; shards {', '.join(kept)} kept" if kept else ""))
+        if stage.sharded:
+            tasks = [ShardTask(stage.name, shard) for shard in stale]
+            workers = cores if shard_input_bytes(settings, stage) > IN_PROCESS_BYTES else 1
+            outcomes = list(run_partitions(settings.for_workers(workers), tasks, workers, config.log_level,
+                                           on_notice=on_notice))
+            outcomes += [build_one(settings, ShardTask(stage.name, shard)) for shard in kept]
+        else:
+            outcomes = [build_one(settings, GlobalTask(stage.name))]
+        upstream_ran = upstream_ran or bool(stale)
+        failed = [outcome for outcome in outcomes if not outcome.ok]
+        for outcome in outcomes:
+            if outcome.ok:
+                yield from materialisations(outcome)
+        if failed:
+            raise dg.Failure(
+                description=f"{stage.name}: {len(failed)} of {len(outcomes)} run(s) failed; the graph keeps its last good "
+                            "contents: " + "; ".join(f"{outcome.key}: {outcome.error}" for outcome in failed[:5]),
+                metadata={"failed": dg.MetadataValue.json({outcome.key: outcome.error for outcome in failed})})
 
 
 @dg.op(out={}, description="Run the global and shard steps that do not cover their inputs (shards in worker processes), "

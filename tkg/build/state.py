@@ -105,11 +105,11 @@ def _partition_stamps(store: ParquetStore) -> dict[Partition, dict[str, Stamp | 
     """Every partition with a stage file, with each stage's stamp: listed now, or the listing
     `partitions_listed_once` holds for this store."""
     once = _PARTITIONS_ONCE.get()
-    if once is not None and once[0] == store.parquet_root:
-        if once[1] is None:
-            once[1] = _list_partition_stamps(store)
-        return once[1]
-    return _list_partition_stamps(store)
+    if once is None or once.root != store.parquet_root:
+        return _list_partition_stamps(store)
+    if once.partitions is None:
+        once.partitions = _list_partition_stamps(store)
+    return once.partitions
 
 
 def _list_partition_stamps(store: ParquetStore) -> dict[Partition, dict[str, Stamp | None]]:
@@ -126,9 +126,16 @@ def _list_partition_stamps(store: ParquetStore) -> dict[Partition, dict[str, Sta
     return partitions
 
 
-# The store whose partitions a run of the global steps lists once, and the listing (None until
-# it is first read); see partitions_listed_once.
-_PARTITIONS_ONCE: ContextVar[list | None] = ContextVar("tkg_partitions_once", default=None)
+@dataclass
+class _ListedOnce:
+    """The store whose partitions a run of the global steps lists once, and the listing (None
+    until the state is first read); see partitions_listed_once."""
+
+    root: PurePath
+    partitions: dict[Partition, dict[str, Stamp | None]] | None = None
+
+
+_PARTITIONS_ONCE: ContextVar[_ListedOnce | None] = ContextVar("tkg_partitions_once", default=None)
 
 
 @contextmanager
@@ -140,7 +147,7 @@ def partitions_listed_once(store: ParquetStore) -> Iterator[None]:
     events, 2 CPU-s and 4 s each time). A partition built meanwhile by another run is seen by
     the next run of the global steps, as one built just after this run."""
     before = _PARTITIONS_ONCE.get()
-    _PARTITIONS_ONCE.set([store.parquet_root, None])
+    _PARTITIONS_ONCE.set(_ListedOnce(store.parquet_root))
     try:
         yield
     finally:  # set, not reset: a generator's frame may close in another context than it began in

@@ -53,27 +53,23 @@ def resident_bytes() -> int:
         return 0
 
 
-def release_memory() -> None:
-    """Give the system back what the work just done freed but the allocators keep: the pages
-    Arrow's pool (mimalloc, jemalloc) holds for reuse and, with glibc, malloc's free heap
-    (numpy's arrays, Python's objects). The memory watch counts resident memory, so a step that
-    follows another in the same process (the global steps in one run, the shards a worker takes
-    one after another) then starts from what it holds, not from what the step before it peaked
-    at. (No garbage collection: a step's objects are freed as it returns, and a full collection
-    costs 50 ms and more in a process with a big heap, a test run's, at every step.)"""
-    pa.default_memory_pool().release_unused()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
 @contextmanager
 def memory_released() -> Iterator[None]:
-    """`release_memory` once the work inside ends, however it ends."""
+    """Once the work inside ends, however it ends, give the system back what it freed but the
+    allocators keep: the pages Arrow's pool (mimalloc, jemalloc) holds for reuse and, with
+    glibc, malloc's free heap (numpy's arrays, Python's objects). The memory watch counts
+    resident memory, so a step that follows another in the same process (the global steps in
+    one run, the shards a worker takes one after another) then starts from what it holds, not
+    from what the step before it peaked at. (No garbage collection: a step's objects are freed
+    as it returns, and a full collection costs 50 ms and more in a process with a big heap, a
+    test run's, at every step.)"""
     try:
         yield
     finally:
-        release_memory()
+        pa.default_memory_pool().release_unused()
+        trim = _malloc_trim()
+        if trim is not None:
+            trim(0)
 
 
 @cache
