@@ -426,11 +426,12 @@ def test_each_mentions_canonical_is_joined_with_the_names_as_the_hash_table(tmp_
         assert resolution.mapping.num_rows == 30 * 400
 
 
-def test_the_evidence_of_names_that_extend_each_other_is_the_same_whatever_batches_it_is_read_in(monkeypatch):
+def test_the_evidence_of_names_that_extend_each_other_is_the_same_whatever_batches_or_order_it_is_read_in(monkeypatch):
     """At 10M events the wanted organisations' mentions are millions, so their evidence is read
-    a batch at a time: each group's vector is the sum of its vectors of its longest length in
-    mention order, normalised, the same to the last bit in batches of 3 rows as in one, and its
-    descriptions (a digest of the set, held one group at a time) are every mention's."""
+    a batch at a time, in whatever order DuckDB scans them: each group's vector is the sum of
+    its vectors of its longest length, normalised, the same to the last bit in batches of 3
+    rows as in one and with the mentions in reverse order, and its descriptions (a digest of
+    the set) are every mention's."""
     import numpy as np
 
     from tkg.resolve import resolution
@@ -448,17 +449,19 @@ def test_the_evidence_of_names_that_extend_each_other_is_the_same_whatever_batch
     wanted = list(range(len(groups)))
     whole = groups.evidence(wanted)
     monkeypatch.setattr(resolution, "EVIDENCE_BATCH_ROWS", 3)
-    batched = groups.evidence(wanted)
+    batched = _group_mentions(MentionSource.of_table(tables.to_table(rows, tables.ENTITIES))).evidence(wanted)
+    reversed_groups = _group_mentions(MentionSource.of_table(tables.to_table(rows[::-1], tables.ENTITIES)))
+    assert reversed_groups.names == groups.names
+    backwards = reversed_groups.evidence(wanted)
     for group in wanted:
         name = groups.names[group]
         vectors = [row["embedding"] for row in rows if row["name"] == name and row["embedding"] is not None]
         longest = max(len(vector) for vector in vectors)
-        total = np.zeros(longest, np.float32)
-        for vector in (v for v in vectors if len(v) == longest):  # row after row, in mention order
-            total = total + np.array(vector, np.float32)
-        assert np.array_equal(whole[group][1], total / np.linalg.norm(total))
-        assert np.array_equal(batched[group][1], whole[group][1])
-        assert batched[group][0] == whole[group][0] == descriptions_digest({row["description"] for row in rows if row["name"] == name})
+        total = np.sum([np.array(v, np.float64) for v in vectors if len(v) == longest], axis=0)
+        assert whole[group][1].dtype == np.float32 and np.allclose(whole[group][1], total / np.linalg.norm(total), atol=1e-7)
+        assert np.array_equal(batched[group][1], whole[group][1]) and np.array_equal(backwards[group][1], whole[group][1])
+        assert batched[group][0] == whole[group][0] == backwards[group][0] == descriptions_digest(
+            {row["description"] for row in rows if row["name"] == name})
         assert whole[group][0] != descriptions_digest({row["description"] for row in rows if row["name"] == name} | {"more"})
 
 
@@ -483,3 +486,76 @@ def test_a_block_scored_in_rows_gives_the_pairs_of_its_whole_matrix(monkeypatch)
     for cells in (1, 7, 1000, 10**9):
         monkeypatch.setattr(resolution, "SCORE_CELLS", cells)
         assert list(resolution._similar_pairs(names)) == whole
+
+
+def _mentions_of(company: str, quarter, names: list[str], seed: int) -> pa.Table:
+    """Organisation mentions of one partition, with descriptions and vectors."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return tables.to_table([
+        {"entity_id": f"{company}-{quarter}-{index:03d}", "event_id": "e", "company": company, "quarter": quarter, "name": name,
+         "type": "Organization", "description": f"{name} note {(seed + index) % 4}", "seen_at": T0,
+         "embedding": rng.standard_normal(8).astype(np.float32).tolist()}
+        for index, name in enumerate(names)], tables.ENTITIES)
+
+
+def _resolved(store, previous: dict) -> tuple[dict, dict[str, pa.Table]]:
+    """canonical_entities over `store` given the last output `previous` (its paths by table),
+    its tables written where a run writes them: the counts, and the tables."""
+    import duckdb
+
+    from tkg.core.results import StageJob
+    from tkg.resolve.stages import canonical_entities
+
+    with duckdb.connect() as connection:
+        result = canonical_entities(StageJob(None, {}, None, store=store, connection=connection, previous=previous))
+        written = {name: (table if isinstance(table, pa.Table) else table.to_arrow_table())
+                   for name, table in result.tables.items()}
+    for name, table in written.items():
+        store.write(store.global_path("canonical_entities", name), table)
+    return result.counts, written
+
+
+def test_a_new_quarter_adds_to_the_evidence_read_last_and_equals_reading_every_mention(tmp_path):
+    """Resolution keeps the evidence it read (a memo). A group none of whose partitions changed
+    since is the memo's evidence plus what the partitions added since hold of it; a group with
+    a mention in a partition rewritten or gone is read again from every mention. Either way the
+    evidence equals, to the last bit, what a run without a memo reads, and so does the resolution."""
+    from datetime import date
+
+    from tkg.store.parquet import ParquetStore
+
+    q1, q2 = date(2020, 1, 1), date(2020, 4, 1)
+    first = {("A", q1): ["Micron", "Micron Memory"] * 3, ("B", q1): ["Micron Memory", "Micron"],
+             ("C", q1): ["Acme", "Acme Robotics", "Acme"], ("D", q1): ["Zeta Labs Group", "Zeta"]}
+    later = {("A", q2): ["Micron", "Micron Memory", "Micron"],  # new: added to Micron's evidence
+             ("C", q1): ["Acme", "Acme Robotics", "Acme Robotics"]}  # rewritten: Acme's read again; D's is gone
+    store = ParquetStore(tmp_path / "increment")
+    for seed, ((company, quarter), names) in enumerate(first.items()):
+        store.write(store.partition_path("entities", company, quarter), _mentions_of(company, quarter, names, seed))
+    counts, _ = _resolved(store, {})
+    assert counts["evidence_groups_read"] >= 4 and counts["evidence_groups_memo"] == 0
+    for seed, ((company, quarter), names) in enumerate(later.items(), start=10):
+        store.write(store.partition_path("entities", company, quarter), _mentions_of(company, quarter, names, seed))
+    store.delete_folder(store.parquet_root / "entities" / "company=D")
+    memo = {name: store.global_path("canonical_entities", name) for name in ("group_evidence", "mentions_read")}
+    counts, increment = _resolved(store, memo)
+    assert counts["evidence_partitions_added"] == 2 and counts["evidence_partitions_stale"] == 2  # C rewritten, D gone
+    assert counts["evidence_groups_memo"] == 2 and counts["evidence_groups_read"] >= 2  # Micron's two; Acme's
+
+    cold_store = ParquetStore(tmp_path / "cold")
+    final = {**first, **later}
+    del final[("D", q1)]
+    seeds = {key: seed for seed, key in enumerate(first)} | {key: seed for seed, key in enumerate(later, start=10)}
+    for key, names in final.items():
+        cold_store.write(cold_store.partition_path("entities", *key), _mentions_of(*key, names, seeds[key]))
+    counts, cold = _resolved(cold_store, {})
+    assert counts["evidence_groups_memo"] == 0
+    micron = [row for row in cold["group_evidence"].to_pylist() if row["name"] == "Micron Memory"][0]
+    assert micron["partitions"] == ["A|2020-01-01", "A|2020-04-01", "B|2020-01-01"]
+    for name in ("group_evidence", "entity_resolution"):
+        assert increment[name].equals(cold[name]), name
+    live = [table.filter(pa.compute.greater(table["mention_count"], 0)) for table in (increment["canonical_entities"],
+                                                                                      cold["canonical_entities"])]
+    assert live[0].equals(live[1])

@@ -475,6 +475,10 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert increment.keys() == built.keys() and len(built) == 3 * len(MEMOISED_TABLES)
     assert [name for name in built if not increment[name].equals(built[name])] == []
     assert _graph(home) == _graph(cold)
+    # resolution's memo: the new calls' entity files added, the withdrawn call's gone
+    # (tests/test_resolution.py has the evidence added to)
+    assert report.counts["evidence_partitions_added"] == len(COMPANIES)
+    assert report.counts["evidence_partitions_stale"] == 1
     # the split tables: written as deltas on the last build (both global steps that split), a
     # cold build's rows in the same order, and the same fingerprint per shard
     assert report.counts["split_written_as_delta"] == 2 and cold_report.counts["split_written_as_delta"] == 0

@@ -153,7 +153,10 @@ STAGES: tuple[Stage, ...] = (
         "stay, with `merged_into`. Refuses to run while any partition is half-built.",
         code_version=lambda f: RESOLUTION_VERSION, compute=resolve.canonical_entities, inputs=("entities",),
         outside_inputs=("registry",), kind="global",
-        tables=(Table("entity_resolution", tables.ENTITY_RESOLUTION), Table("canonical_entities", tables.CANONICAL_ENTITIES))),
+        tables=(Table("entity_resolution", tables.ENTITY_RESOLUTION),
+                Table("group_evidence", tables.GROUP_EVIDENCE, memo=True, published=False),
+                Table("mentions_read", tables.MENTIONS_READ, memo=True, published=False),
+                Table("canonical_entities", tables.CANONICAL_ENTITIES))),
     Stage(
         "spoken_mentions", "resolution",
         "Names as they are spoken in the call: the operator's introductions, self-introductions and 'in for' "

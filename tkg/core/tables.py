@@ -86,6 +86,14 @@ CANONICAL_ENTITIES = pa.schema([
 ENTITY_RESOLUTION = pa.schema([
     ("entity_id", pa.string()), ("canonical_id", pa.string()), ("method", pa.string()), ("score", pa.float64()),
 ])
+# Resolution's memo (tkg.resolve.resolution.NameGroups.evidence): each name group whose evidence
+# it read, with what that evidence is made of (its vectors' fixed-point sums, per length) ...
+GROUP_EVIDENCE = pa.schema([
+    ("type", pa.string()), ("name", pa.string()), ("descriptions", pa.list_(pa.string())),
+    ("partitions", pa.list_(pa.string())), ("lengths", pa.list_(pa.int64())), ("sums", pa.list_(pa.list_(pa.int64()))),
+])
+# ... and the entity files of every partition it read, by size and modification time.
+MENTIONS_READ = pa.schema([("partition", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64())])
 
 # A participant named in the call as the operator or a speaker said it (tkg.resolve.spoken).
 SPOKEN_MENTIONS = pa.schema([

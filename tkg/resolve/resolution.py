@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from itertools import groupby
 from typing import Any, Callable, Iterable, Iterator
@@ -52,7 +52,7 @@ from tkg.core.names import company_for_name, fold, organisation_key
 from tkg.core.roles import parse_offices
 
 # Bump when resolution's rules change: canonical_entities is then rebuilt.
-RESOLUTION_VERSION = "entity-resolution-3"
+RESOLUTION_VERSION = "entity-resolution-4"
 FUZZY_THRESHOLD = 92  # whole-string ratio on folded names (seed: partial_ratio >= 80)
 EXTENSION_THRESHOLD = 90  # partial_ratio band where one name extends another
 DESCRIPTION_COSINE = 0.85
@@ -303,22 +303,27 @@ def registry_id(company: Company) -> str:
 
 
 class MentionSource:
-    """The mentions resolution reads, as DuckDB view `mentions` on `connection`: the store's
-    entity files read a column at a time (out of core), or an in-memory table.
+    """The mentions resolution reads, as DuckDB view `view` (`mentions` unless named) on
+    `connection`: the store's entity files read a column at a time (out of core), or an
+    in-memory table.
 
     Mention order (what "the first description" means) is the order the store's files are
-    read in: by company, quarter, then entity id, as each partition's file is written."""
+    read in: by company, quarter, then entity id, as each partition's file is written. A
+    mention's partition (`PARTITION_SQL`) is its company and quarter, as each stage writes them
+    into its partition's rows; an in-memory table has none."""
 
-    def __init__(self, connection: duckdb.DuckDBPyConnection, relation: duckdb.DuckDBPyRelation) -> None:
-        self.connection = connection
-        relation.create_view("_mention_rows", replace=True)
+    def __init__(self, connection: duckdb.DuckDBPyConnection, relation: duckdb.DuckDBPyRelation, view: str = "mentions",
+                 partitioned: bool = True) -> None:
+        self.connection, self.view = connection, view
+        relation.create_view(f"_{view}_rows", replace=True)
         # Names with their runs of spaces collapsed and ends trimmed, and types defaulted, as the
         # groups key them; the order columns say where each mention stands.
-        connection.execute("""
-            CREATE OR REPLACE TEMP VIEW mentions AS
-            SELECT entity_id, trim(regexp_replace(name, ' {2,}', ' ', 'g'), ' ') AS name, coalesce(type, 'Other') AS type,
-                   description, seen_at, embedding, company, quarter
-            FROM _mention_rows""")
+        partition = PARTITION_SQL if partitioned else "NULL::VARCHAR"
+        connection.execute(f"""
+            CREATE OR REPLACE TEMP VIEW {view} AS
+            SELECT entity_id, trim(regexp_replace(name, ' {{2,}}', ' ', 'g'), ' ') AS name, coalesce(type, 'Other') AS type,
+                   description, seen_at, embedding, company, quarter, {partition} AS partition
+            FROM _{view}_rows""")
 
     @classmethod
     def of_table(cls, mentions: pa.Table, connection: duckdb.DuckDBPyConnection | None = None) -> MentionSource:
@@ -327,10 +332,63 @@ class MentionSource:
         order = pa.array(range(mentions.num_rows), pa.int64())
         ordered = mentions.select([c for c in mentions.column_names if c not in ("company", "quarter")])
         ordered = ordered.append_column("company", pa.array([""] * mentions.num_rows, pa.string())).append_column("quarter", order)
-        return cls(connection, connection.from_arrow(ordered))
+        return cls(connection, connection.from_arrow(ordered), partitioned=False)
 
 
 _ORDER = "company, quarter, entity_id"  # mention order (see MentionSource)
+# A mention's partition, as `partition_key` names it.
+PARTITION_SQL = "company || '|' || CAST(quarter AS VARCHAR)"
+
+
+def partition_key(company: str, quarter: str) -> str:
+    """The key of the partition (company, quarter as YYYY-MM-DD) a mention is in."""
+    return f"{company}|{quarter}"
+
+
+# Evidence vectors are added in fixed point: each component rounded once to a multiple of
+# 2**-32, then summed as int64. The sums are exact, so they are the same in any order, cut
+# into any batches or partitions, and a new partition's mentions add to a group's sum as it
+# stands. (An int64 holds 2**31 mentions of components up to 1 in size.)
+FIXED_POINT_SCALE = 2.0 ** 32
+
+
+@dataclass
+class GroupEvidence:
+    """What a name group's evidence is made of: the distinct descriptions of its mentions, the
+    fixed-point sum of its vectors of each length, and the partitions its mentions are in."""
+
+    descriptions: set[str] = field(default_factory=set)
+    sums: dict[int, np.ndarray] = field(default_factory=dict)  # length -> int64 sum
+    partitions: set[str] = field(default_factory=set)
+
+    def add(self, other: GroupEvidence) -> None:
+        """Add the evidence of more mentions (of other partitions)."""
+        self.descriptions |= other.descriptions
+        self.partitions |= other.partitions
+        for length, total in other.sums.items():
+            self.sums[length] = self.sums[length] + total if length in self.sums else total.copy()
+
+    def evidence(self) -> tuple[bytes, np.ndarray | None]:
+        """A digest of the description set (equal digests, equal sets), and the mean unit
+        vector of the longest length (None without vectors)."""
+        if not self.sums:
+            return descriptions_digest(self.descriptions), None
+        total = self.sums[max(self.sums)].astype(np.float64)
+        norm = np.linalg.norm(total)
+        return descriptions_digest(self.descriptions), (total / norm if norm else total).astype(np.float32)
+
+
+@dataclass
+class EvidenceMemo:
+    """A last run's evidence of the name groups it read, by (type, name); the partitions
+    rewritten or gone since (`stale`); and the mentions of the partitions new or rewritten since
+    (`added`). A group none of whose partitions is stale has its evidence as it stood plus what
+    `added` holds of it; the others are read again from every mention."""
+
+    groups: dict[tuple[str, str], GroupEvidence]
+    stale: set[str]
+    added: MentionSource
+    added_files: list = field(default_factory=list)  # the files `added` reads
 
 
 @dataclass
@@ -351,6 +409,10 @@ class NameGroups:
     keys: list[str]  # the typed key (see _alias_key)
     seen: pl.DataFrame  # first_seen, last_seen per group
     source: MentionSource
+    memo: EvidenceMemo | None = None
+    read: dict[int, GroupEvidence] = field(default_factory=dict)  # the evidence of the groups wanted so far
+    # groups whose evidence was read from every mention, and from the memo and the mentions added since
+    read_counts: Counter = field(default_factory=Counter)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -358,42 +420,82 @@ class NameGroups:
     def evidence(self, wanted: Iterable[int]) -> dict[int, tuple[bytes, np.ndarray | None]]:
         """For each wanted group: a digest of the set of its mentions' distinct descriptions
         (equal digests, equal sets), and the mean unit embedding of those of its longest
-        embedding length (None without embeddings), all read in one pass. A group's evidence
-        depends on its own mentions alone, not on which other groups are wanted with it (and no
-        other pass over every mention's embedding is needed).
+        embedding length (None without embeddings). A group's evidence depends on its own
+        mentions alone, not on which other groups are wanted with it, nor on the order its
+        mentions are read in (see FIXED_POINT_SCALE).
 
-        The wanted groups' mentions can be millions (every mention of a common organisation
-        name): DuckDB sorts them out of core and they are read a batch at a time, group after
-        group, so only one group's descriptions are held at once and each group's vectors are
-        added to its running sum in mention order."""
+        With a memo (`EvidenceMemo`), a group whose partitions all stand as they were is read
+        only from the partitions added since; the others from every mention."""
         wanted = sorted(set(wanted))
-        connection = self.source.connection
-        keys = pa.table({"group": pa.array(wanted, pa.int64()), "type": [self.types[g] for g in wanted],
-                         "name": [self.names[g] for g in wanted]})
-        connection.register("_wanted_groups", keys)
-        digests: dict[int, bytes] = {}
-        current, descriptions = None, set()
-        sums = _VectorSums()
+        todo = [group for group in wanted if group not in self.read]
+        memo = self.memo
+        kept = {}
+        if memo is not None:
+            for group in todo:
+                before = memo.groups.get((self.types[group], self.names[group]))
+                if before is not None and not before.partitions & memo.stale:
+                    kept[group] = before
+        self.read.update(self._read(self.source, [group for group in todo if group not in kept]))
+        self.read_counts.update(evidence_groups_read=len(todo) - len(kept), evidence_groups_memo=len(kept))
+        if kept:
+            added = self._read(memo.added, sorted(kept))
+            for group, before in kept.items():
+                now = GroupEvidence(set(before.descriptions), dict(before.sums), set(before.partitions))
+                now.add(added[group])
+                self.read[group] = now
+        return {group: self.read[group].evidence() for group in wanted}
+
+    def _read(self, source: MentionSource, wanted: list[int]) -> dict[int, GroupEvidence]:
+        """The evidence of the `wanted` groups' mentions in `source`, read a batch at a time in
+        whatever order DuckDB scans them: the wanted groups' mentions can be millions (every
+        mention of a common organisation name)."""
+        read = {group: GroupEvidence() for group in wanted}
+        if not wanted:
+            return read
+        connection = source.connection
+        connection.register("_wanted_groups", pa.table({"group": pa.array(wanted, pa.int64()),
+                                                        "type": [self.types[g] for g in wanted],
+                                                        "name": [self.names[g] for g in wanted]}))
         with room_for_duckdb(connection):  # the names above are much of the step's memory at 10M events
             reader = connection.sql(f"""
-                SELECT w."group", m.description, m.embedding FROM mentions m JOIN _wanted_groups w USING (type, name)
-                WHERE length(m.name) > 0
-                ORDER BY w."group", {', '.join('m.' + c.strip() for c in _ORDER.split(','))}""").fetch_record_batch(EVIDENCE_BATCH_ROWS)
+                SELECT w."group", m.description, m.embedding, m.partition
+                FROM {source.view} m JOIN _wanted_groups w USING (type, name)
+                WHERE length(m.name) > 0""").fetch_record_batch(EVIDENCE_BATCH_ROWS)
             for batch in reader:
-                owners = batch.column(0).to_numpy()
-                for group, description in zip(owners.tolist(), batch.column(1).to_pylist()):
-                    if group != current:  # the rows come group after group
-                        if current is not None:
-                            digests[current] = descriptions_digest(descriptions)
-                        current, descriptions = group, set()
-                    if description:
-                        descriptions.add(description)
-                sums.add(owners, batch.column(2))
-        if current is not None:
-            digests[current] = descriptions_digest(descriptions)
+                owners = batch.column(0)
+                for column, field_name in ((1, "descriptions"), (3, "partitions")):
+                    values = batch.column(column)
+                    present = pc.and_(pc.is_valid(values), pc.not_equal(values, ""))
+                    distinct = pa.table({"group": owners, "value": values}).filter(pc.fill_null(present, False)) \
+                        .group_by(["group", "value"]).aggregate([])
+                    for group, value in zip(distinct.column("group").to_pylist(), distinct.column("value").to_pylist()):
+                        getattr(read[group], field_name).add(value)
+                for group, length, total in _fixed_point_sums(owners.to_numpy(), batch.column(2)):
+                    sums = read[group].sums
+                    sums[length] = sums[length] + total if length in sums else total
         connection.unregister("_wanted_groups")
-        vectors, no_descriptions = sums.means(), descriptions_digest(set())
-        return {group: (digests.get(group, no_descriptions), vectors.get(group)) for group in wanted}
+        return read
+
+    def evidence_table(self) -> pa.Table:
+        """The evidence of every group read (tables.GROUP_EVIDENCE): the next run's memo."""
+        rows = []
+        for group in sorted(self.read, key=lambda g: (self.types[g], self.names[g])):
+            read = self.read[group]
+            lengths = sorted(read.sums)
+            rows.append({"type": self.types[group], "name": self.names[group], "descriptions": sorted(read.descriptions),
+                         "partitions": sorted(read.partitions), "lengths": lengths,
+                         "sums": [read.sums[length].tolist() for length in lengths]})
+        return tables.to_table(rows, tables.GROUP_EVIDENCE)
+
+
+def evidence_memo_groups(table: pa.Table) -> dict[tuple[str, str], GroupEvidence]:
+    """`NameGroups.evidence_table` read back."""
+    groups = {}
+    for row in table.to_pylist():
+        groups[(row["type"], row["name"])] = GroupEvidence(
+            set(row["descriptions"]), {length: np.array(total, dtype=np.int64) for length, total in zip(row["lengths"], row["sums"])},
+            set(row["partitions"]))
+    return groups
 
 
 def descriptions_digest(descriptions: set[str]) -> bytes:
@@ -406,62 +508,40 @@ def descriptions_digest(descriptions: set[str]) -> bytes:
 EVIDENCE_BATCH_ROWS = 16_384
 
 
-class _VectorSums:
-    """Each owner's sum of its vectors of each length, added row by row in the order they come
-    (batches of rows sorted by owner): the same sums, to the last bit, however the rows are cut
-    into batches. An owner's mean is of its vectors of its longest length."""
-
-    def __init__(self) -> None:
-        self.totals: dict[tuple[int, int], np.ndarray] = {}
-
-    def add(self, owners: np.ndarray, embeddings: pa.Array) -> None:
-        """Add a batch: `owners` sorted, one per row of `embeddings` (null and empty rows add nothing)."""
-        lengths = pc.fill_null(pc.list_value_length(embeddings), 0).to_numpy(zero_copy_only=False)
-        present = lengths > 0
-        if not present.any():
-            return
-        owners, lengths, rows = owners[present], lengths[present], embeddings.filter(pa.array(present))
-        starts = run_starts(owners).tolist()
-        for start, stop in zip(starts, [*starts[1:], len(owners)]):
-            owner, run = int(owners[start]), lengths[start:stop]
-            for length in np.unique(run).tolist():  # most owners have vectors of one length
-                chosen = rows.slice(start, stop - start).filter(pa.array(run == length))
-                part = np.asarray(chosen.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, length)
-                total = self.totals.get((owner, length))
-                if total is not None:  # continue the running sum: (total + r1) + r2 ...
-                    part = np.vstack([total[None, :], part])
-                # accumulate adds row after row (sum() and reduceat pair or unroll them: bits that
-                # would depend on where the batches were cut)
-                self.totals[(owner, length)] = np.add.accumulate(part, axis=0)[-1].copy()  # not a view of every row
-
-    def means(self) -> dict[int, np.ndarray]:
-        """Each owner's mean unit vector: the sum of its vectors of its longest length, normalised."""
-        longest: dict[int, int] = {}
-        for owner, length in self.totals:
-            longest[owner] = max(longest.get(owner, 0), length)
-        means = {}
-        for owner, length in longest.items():
-            total = self.totals[(owner, length)]
-            norm = np.linalg.norm(total)
-            means[owner] = total / norm if norm else total
-        return means
+def _fixed_point_sums(owners: np.ndarray, embeddings: pa.Array) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(owner, length, int64 sum) of a batch's vectors (FIXED_POINT_SCALE), per owner and
+    vector length; null and empty vectors add nothing."""
+    lengths = pc.fill_null(pc.list_value_length(embeddings), 0).to_numpy(zero_copy_only=False)
+    for length in np.unique(lengths[lengths > 0]).tolist():
+        chosen = lengths == length
+        rows = embeddings.filter(pa.array(chosen))
+        values = np.asarray(rows.flatten().to_numpy(zero_copy_only=False), dtype=np.float64).reshape(-1, length)
+        fixed = np.rint(values * FIXED_POINT_SCALE).astype(np.int64)
+        chosen_owners = owners[chosen]
+        order = np.argsort(chosen_owners, kind="stable")
+        sorted_owners = chosen_owners[order]
+        starts = run_starts(sorted_owners)
+        totals = np.add.reduceat(fixed[order], starts, axis=0)
+        for owner, total in zip(sorted_owners[starts].tolist(), totals):
+            yield owner, length, total
 
 
-def _group_mentions(source: MentionSource) -> NameGroups:
+def _group_mentions(source: MentionSource, memo: EvidenceMemo | None = None) -> NameGroups:
     """Mentions by (type, exact name), whitespace collapsed; mentions without a name are left out.
-    DuckDB groups them out of core; only the distinct names come back."""
+    DuckDB groups them out of core; only the distinct names come back. `memo`: the evidence
+    a last run read (see NameGroups.evidence)."""
     grouped = pl.from_arrow(source.connection.sql(f"""
         SELECT type, name, count(*) AS count,
                arg_min(description, struct_pack({_ORDER})) FILTER (WHERE description IS NOT NULL AND description <> '')
                    AS description,
                min(seen_at) AS first_seen, max(seen_at) AS last_seen
-        FROM mentions WHERE length(name) > 0
+        FROM {source.view} WHERE length(name) > 0
         GROUP BY type, name ORDER BY type, name""").to_arrow_table())
     types, names = grouped["type"].to_list(), grouped["name"].to_list()
     folded = folds(names)
     return NameGroups(
         types=types, names=names, folded=folded, counts=grouped["count"].to_list(), descriptions=grouped["description"].to_list(),
-        keys=typed_keys(types, names, folded), seen=grouped.select(["first_seen", "last_seen"]), source=source,
+        keys=typed_keys(types, names, folded), seen=grouped.select(["first_seen", "last_seen"]), source=source, memo=memo,
     )
 
 
@@ -720,6 +800,7 @@ class Resolution:
     names: pa.Table  # type, name, canonical_id, method: every distinct name's canonical
     counts: Counter
     source: MentionSource
+    evidence: pa.Table  # tables.GROUP_EVIDENCE: the evidence read, the next run's memo
 
     def mapping_relation(self) -> duckdb.DuckDBPyRelation:
         """Each mention's canonical (the `entity_resolution` table), computed by DuckDB: by
@@ -732,9 +813,9 @@ class Resolution:
         # step's memory. As written, `_resolved_names` is the build side; the optimizers that
         # would flip it by those estimates are off on this connection, the resolution step's own.
         connection.execute("SET disabled_optimizers = 'join_order,build_side_probe_side'")
-        return connection.sql("""
+        return connection.sql(f"""
             SELECT m.entity_id, n.canonical_id, n.method, NULL::DOUBLE AS score
-            FROM mentions m JOIN _resolved_names n USING (type, name)
+            FROM {self.source.view} m JOIN _resolved_names n USING (type, name)
             WHERE length(m.name) > 0
             ORDER BY m.entity_id, n.canonical_id NULLS LAST, n.method NULLS LAST""")
 
@@ -758,7 +839,8 @@ def _registry_canonicals() -> tuple[dict[str, dict[str, Any]], dict[tuple[str, s
     return registry, known_alias
 
 
-def resolve_entities(mentions: pa.Table | MentionSource, previous: pa.Table | None = None) -> Resolution:
+def resolve_entities(mentions: pa.Table | MentionSource, previous: pa.Table | None = None,
+                     memo: EvidenceMemo | None = None) -> Resolution:
     """Resolve all mentions (a table, or a source over the store's files).
 
     Every live canonical (its id, name, description and aliases) is a function of the mentions
@@ -766,13 +848,14 @@ def resolve_entities(mentions: pa.Table | MentionSource, previous: pa.Table | No
     whatever order they were built. A cluster's id hashes its earliest-seen name, which later
     calls do not change, so ids stay stable as partitions arrive. `previous` (the last
     registry) only contributes the ids it issued that no longer name a live entity: they are
-    kept, with `merged_into` pointing at the entity that now holds their names.
+    kept, with `merged_into` pointing at the entity that now holds their names. `memo`: the
+    evidence the last run read, which only saves reading it again (NameGroups.evidence).
 
     Only distinct names are held in memory; each mention's canonical id is a join of the
     mentions with `Resolution.names` (`Resolution.mapping_relation`), streamed where it is used."""
     counts: Counter = Counter()
     source = mentions if isinstance(mentions, MentionSource) else MentionSource.of_table(mentions)
-    groups = _group_mentions(source)
+    groups = _group_mentions(source, memo)
     registry, known_alias = _registry_canonicals()
     known = [known_alias.get(pair) for pair in zip(groups.types, groups.keys)]
     cluster_of = _join_registry_clusters(cluster_groups(groups), known, registry)  # group -> its cluster's number
@@ -804,8 +887,9 @@ def resolve_entities(mentions: pa.Table | MentionSource, previous: pa.Table | No
     resolved_names = pa.table({"type": pa.array(types, pa.string()), "name": pa.array(names, pa.string()),
                                "canonical_id": canonical.to_arrow(), "method": method.to_arrow()})
     counts["mentions"] = sum(groups.counts)
+    counts.update(groups.read_counts)
     return Resolution(canonical_entities=canonical_entities.sort_by("canonical_id"), names=resolved_names, counts=counts,
-                      source=source)
+                      source=source, evidence=groups.evidence_table())
 
 
 def _retired(previous: pa.Table | None, live: pa.Table, registry: dict[str, dict[str, Any]]) -> pa.Table:
