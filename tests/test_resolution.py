@@ -495,7 +495,8 @@ def _mentions_of(company: str, quarter, names: list[str], seed: int) -> pa.Table
     rng = np.random.default_rng(seed)
     return tables.to_table([
         {"entity_id": f"{company}-{quarter}-{index:03d}", "event_id": "e", "company": company, "quarter": quarter, "name": name,
-         "type": "Organization", "description": f"{name} note {(seed + index) % 4}", "seen_at": T0,
+         "type": "Organization", "description": f"{name} note {(seed + index) % 4}",
+         "seen_at": T0 + timedelta(days=(seed * 7 + index) % 30),
          "embedding": rng.standard_normal(8).astype(np.float32).tolist()}
         for index, name in enumerate(names)], tables.ENTITIES)
 
@@ -517,11 +518,33 @@ def _resolved(store, previous: dict) -> tuple[dict, dict[str, pa.Table]]:
     return result.counts, written
 
 
-def test_a_new_quarter_adds_to_the_evidence_read_last_and_equals_reading_every_mention(tmp_path):
-    """Resolution keeps the evidence it read (a memo). A group none of whose partitions changed
-    since is the memo's evidence plus what the partitions added since hold of it; a group with
-    a mention in a partition rewritten or gone is read again from every mention. Either way the
-    evidence equals, to the last bit, what a run without a memo reads, and so does the resolution."""
+def _cold(tmp_path, partitions: dict, seeds: dict) -> dict[str, pa.Table]:
+    """canonical_entities' tables over a store of just `partitions`, with no memo."""
+    from tkg.store.parquet import ParquetStore
+
+    store = ParquetStore(tmp_path)
+    for key, names in partitions.items():
+        store.write(store.partition_path("entities", *key), _mentions_of(*key, names, seeds[key]))
+    counts, cold = _resolved(store, {})
+    assert counts["evidence_groups_memo"] == counts["name_groups_merged"] == 0
+    return cold
+
+
+def _same_resolution(increment: dict[str, pa.Table], cold: dict[str, pa.Table]) -> None:
+    for name in ("group_evidence", "name_groups", "entity_resolution"):
+        assert increment[name].equals(cold[name]), name
+    live = [table.filter(pa.compute.greater(table["mention_count"], 0))
+            for table in (increment["canonical_entities"], cold["canonical_entities"])]
+    assert live[0].equals(live[1])
+
+
+def test_a_new_quarter_adds_to_what_resolution_read_last_and_equals_reading_every_mention(tmp_path):
+    """Resolution keeps the name groups and the evidence it read (a memo). After a new quarter,
+    the groups are the memo's merged with the new partitions', and a group's evidence is the
+    memo's plus what the new partitions hold of it. When a partition was rewritten or is gone,
+    the groups are grouped again from every mention, and so is the evidence of a group with a
+    mention there (the others' is still added to). Either way every table equals, to the last
+    bit, what a run without a memo reads."""
     from datetime import date
 
     from tkg.store.parquet import ParquetStore
@@ -529,33 +552,33 @@ def test_a_new_quarter_adds_to_the_evidence_read_last_and_equals_reading_every_m
     q1, q2 = date(2020, 1, 1), date(2020, 4, 1)
     first = {("A", q1): ["Micron", "Micron Memory"] * 3, ("B", q1): ["Micron Memory", "Micron"],
              ("C", q1): ["Acme", "Acme Robotics", "Acme"], ("D", q1): ["Zeta Labs Group", "Zeta"]}
-    later = {("A", q2): ["Micron", "Micron Memory", "Micron"],  # new: added to Micron's evidence
-             ("C", q1): ["Acme", "Acme Robotics", "Acme Robotics"]}  # rewritten: Acme's read again; D's is gone
+    new = {("A", q2): ["Micron", "Micron Memory", "Micron"]}
+    rewritten = {("C", q1): ["Acme", "Acme Robotics", "Acme Robotics"], ("B", q2): ["Micron"]}
+    seeds = {key: seed for seed, key in enumerate([*first, *new, *rewritten])}
     store = ParquetStore(tmp_path / "increment")
-    for seed, ((company, quarter), names) in enumerate(first.items()):
-        store.write(store.partition_path("entities", company, quarter), _mentions_of(company, quarter, names, seed))
+    memo = {name: store.global_path("canonical_entities", name) for name in ("group_evidence", "name_groups", "mentions_read")}
+
+    def write(partitions: dict) -> None:
+        for key, names in partitions.items():
+            store.write(store.partition_path("entities", *key), _mentions_of(*key, names, seeds[key]))
+
+    write(first)
     counts, _ = _resolved(store, {})
-    assert counts["evidence_groups_read"] >= 4 and counts["evidence_groups_memo"] == 0
-    for seed, ((company, quarter), names) in enumerate(later.items(), start=10):
-        store.write(store.partition_path("entities", company, quarter), _mentions_of(company, quarter, names, seed))
+    assert counts["evidence_groups_read"] >= 4 and counts["evidence_groups_memo"] == counts["name_groups_merged"] == 0
+    write(new)
+    counts, increment = _resolved(store, memo)
+    assert counts["evidence_partitions_added"] == 1 and counts["evidence_partitions_stale"] == 0
+    assert counts["name_groups_merged"] == 1 and counts["evidence_groups_memo"] >= 4 and counts["evidence_groups_read"] == 0
+    _same_resolution(increment, _cold(tmp_path / "cold1", {**first, **new}, seeds))
+
+    write(rewritten)
     store.delete_folder(store.parquet_root / "entities" / "company=D")
-    memo = {name: store.global_path("canonical_entities", name) for name in ("group_evidence", "mentions_read")}
     counts, increment = _resolved(store, memo)
     assert counts["evidence_partitions_added"] == 2 and counts["evidence_partitions_stale"] == 2  # C rewritten, D gone
+    assert counts["name_groups_merged"] == 0
     assert counts["evidence_groups_memo"] == 2 and counts["evidence_groups_read"] >= 2  # Micron's two; Acme's
-
-    cold_store = ParquetStore(tmp_path / "cold")
-    final = {**first, **later}
-    del final[("D", q1)]
-    seeds = {key: seed for seed, key in enumerate(first)} | {key: seed for seed, key in enumerate(later, start=10)}
-    for key, names in final.items():
-        cold_store.write(cold_store.partition_path("entities", *key), _mentions_of(*key, names, seeds[key]))
-    counts, cold = _resolved(cold_store, {})
-    assert counts["evidence_groups_memo"] == 0
+    final = {key: names for key, names in {**first, **new, **rewritten}.items() if key[0] != "D"}
+    cold = _cold(tmp_path / "cold2", final, seeds)
     micron = [row for row in cold["group_evidence"].to_pylist() if row["name"] == "Micron Memory"][0]
     assert micron["partitions"] == ["A|2020-01-01", "A|2020-04-01", "B|2020-01-01"]
-    for name in ("group_evidence", "entity_resolution"):
-        assert increment[name].equals(cold[name]), name
-    live = [table.filter(pa.compute.greater(table["mention_count"], 0)) for table in (increment["canonical_entities"],
-                                                                                      cold["canonical_entities"])]
-    assert live[0].equals(live[1])
+    _same_resolution(increment, cold)

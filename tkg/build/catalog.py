@@ -155,6 +155,7 @@ STAGES: tuple[Stage, ...] = (
         outside_inputs=("registry",), kind="global",
         tables=(Table("entity_resolution", tables.ENTITY_RESOLUTION),
                 Table("group_evidence", tables.GROUP_EVIDENCE, memo=True, published=False),
+                Table("name_groups", tables.NAME_GROUPS, memo=True, published=False),
                 Table("mentions_read", tables.MENTIONS_READ, memo=True, published=False),
                 Table("canonical_entities", tables.CANONICAL_ENTITIES))),
     Stage(

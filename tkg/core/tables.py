@@ -92,6 +92,13 @@ GROUP_EVIDENCE = pa.schema([
     ("type", pa.string()), ("name", pa.string()), ("descriptions", pa.list_(pa.string())),
     ("partitions", pa.list_(pa.string())), ("lengths", pa.list_(pa.int64())), ("sums", pa.list_(pa.list_(pa.int64()))),
 ])
+# ... its name groups (tkg.resolve.resolution.GROUPS_SQL) ...
+NAME_GROUPS = pa.schema([
+    ("type", pa.string()), ("name", pa.string()), ("count", pa.int64()),
+    ("first_description", pa.struct([("company", pa.string()), ("quarter", pa.date32()), ("entity_id", pa.string()),
+                                     ("description", pa.string())])),
+    ("first_seen", TIMESTAMP), ("last_seen", TIMESTAMP),
+])
 # ... and the entity files of every partition it read, by size and modification time.
 MENTIONS_READ = pa.schema([("partition", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64())])
 

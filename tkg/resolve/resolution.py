@@ -307,10 +307,10 @@ class MentionSource:
     `connection`: the store's entity files read a column at a time (out of core), or an
     in-memory table.
 
-    Mention order (what "the first description" means) is the order the store's files are
-    read in: by company, quarter, then entity id, as each partition's file is written. A
-    mention's partition (`PARTITION_SQL`) is its company and quarter, as each stage writes them
-    into its partition's rows; an in-memory table has none."""
+    A mention's place (what "the first description" means, GROUPS_SQL) is its company,
+    quarter and entity id, whatever order the files are read in. Its partition
+    (`PARTITION_SQL`) is its company and quarter, as each stage writes them into its
+    partition's rows; an in-memory table has none."""
 
     def __init__(self, connection: duckdb.DuckDBPyConnection, relation: duckdb.DuckDBPyRelation, view: str = "mentions",
                  partitioned: bool = True) -> None:
@@ -335,7 +335,6 @@ class MentionSource:
         return cls(connection, connection.from_arrow(ordered), partitioned=False)
 
 
-_ORDER = "company, quarter, entity_id"  # mention order (see MentionSource)
 # A mention's partition, as `partition_key` names it.
 PARTITION_SQL = "company || '|' || CAST(quarter AS VARCHAR)"
 
@@ -379,16 +378,21 @@ class GroupEvidence:
 
 
 @dataclass
-class EvidenceMemo:
-    """A last run's evidence of the name groups it read, by (type, name); the partitions
-    rewritten or gone since (`stale`); and the mentions of the partitions new or rewritten since
-    (`added`). A group none of whose partitions is stale has its evidence as it stood plus what
-    `added` holds of it; the others are read again from every mention."""
+class ResolutionMemo:
+    """What a last run of resolution read: the evidence of the name groups it read, by (type,
+    name), and its groups (the name of a view of them, `name_groups`, when it kept them);
+    the partitions rewritten or gone since (`stale`), and the mentions of the partitions new or
+    rewritten since (`added`, read from `added_files`).
 
-    groups: dict[tuple[str, str], GroupEvidence]
+    A group none of whose partitions is stale has its evidence as it stood plus what `added`
+    holds of it; the others are read again from every mention. The groups are the memo's
+    merged with those of `added` when no partition is stale, else grouped again."""
+
+    evidence: dict[tuple[str, str], GroupEvidence]
+    name_groups: str | None
     stale: set[str]
     added: MentionSource
-    added_files: list = field(default_factory=list)  # the files `added` reads
+    added_files: list = field(default_factory=list)
 
 
 @dataclass
@@ -405,11 +409,12 @@ class NameGroups:
     names: list[str]
     folded: list[str]  # fold(name)
     counts: list[int]
-    descriptions: list[str | None]  # the first non-empty description, in mention order
+    descriptions: list[str | None]  # the first non-empty description (GROUPS_SQL)
     keys: list[str]  # the typed key (see _alias_key)
     seen: pl.DataFrame  # first_seen, last_seen per group
     source: MentionSource
-    memo: EvidenceMemo | None = None
+    memo: ResolutionMemo | None = None
+    grouped: pa.Table | None = None  # the groups as GROUPS_SQL gives them: the next run's memo
     read: dict[int, GroupEvidence] = field(default_factory=dict)  # the evidence of the groups wanted so far
     # groups whose evidence was read from every mention, and from the memo and the mentions added since
     read_counts: Counter = field(default_factory=Counter)
@@ -424,7 +429,7 @@ class NameGroups:
         mentions alone, not on which other groups are wanted with it, nor on the order its
         mentions are read in (see FIXED_POINT_SCALE).
 
-        With a memo (`EvidenceMemo`), a group whose partitions all stand as they were is read
+        With a memo (`ResolutionMemo`), a group whose partitions all stand as they were is read
         only from the partitions added since; the others from every mention."""
         wanted = sorted(set(wanted))
         todo = [group for group in wanted if group not in self.read]
@@ -432,7 +437,7 @@ class NameGroups:
         kept = {}
         if memo is not None:
             for group in todo:
-                before = memo.groups.get((self.types[group], self.names[group]))
+                before = memo.evidence.get((self.types[group], self.names[group]))
                 if before is not None and not before.partitions & memo.stale:
                     kept[group] = before
         self.read.update(self._read(self.source, [group for group in todo if group not in kept]))
@@ -526,22 +531,43 @@ def _fixed_point_sums(owners: np.ndarray, embeddings: pa.Array) -> Iterator[tupl
             yield owner, length, total
 
 
-def _group_mentions(source: MentionSource, memo: EvidenceMemo | None = None) -> NameGroups:
+# Each distinct (type, name) of a view of mentions: its mentions, its first description (the
+# least (company, quarter, entity id, description) of its mentions with one) and when it was
+# first and last seen. Every column is an aggregate that merges: the groups of two sets of
+# mentions, grouped again (`MERGE_GROUPS_SQL`), are the groups of both.
+GROUPS_SQL = """
+    SELECT type, name, count(*) AS count,
+           min(struct_pack(company, quarter, entity_id, description)) FILTER (WHERE description IS NOT NULL AND description <> '')
+               AS first_description,
+           min(seen_at) AS first_seen, max(seen_at) AS last_seen
+    FROM {view} WHERE length(name) > 0
+    GROUP BY type, name"""
+MERGE_GROUPS_SQL = """
+    SELECT type, name, sum(count)::BIGINT AS count, min(first_description) AS first_description,
+           min(first_seen) AS first_seen, max(last_seen) AS last_seen
+    FROM ({parts}) GROUP BY type, name"""
+
+
+def _group_mentions(source: MentionSource, memo: ResolutionMemo | None = None) -> NameGroups:
     """Mentions by (type, exact name), whitespace collapsed; mentions without a name are left out.
-    DuckDB groups them out of core; only the distinct names come back. `memo`: the evidence
-    a last run read (see NameGroups.evidence)."""
-    grouped = pl.from_arrow(source.connection.sql(f"""
-        SELECT type, name, count(*) AS count,
-               arg_min(description, struct_pack({_ORDER})) FILTER (WHERE description IS NOT NULL AND description <> '')
-                   AS description,
-               min(seen_at) AS first_seen, max(seen_at) AS last_seen
-        FROM {source.view} WHERE length(name) > 0
-        GROUP BY type, name ORDER BY type, name""").to_arrow_table())
-    types, names = grouped["type"].to_list(), grouped["name"].to_list()
+    DuckDB groups them out of core; only the distinct names come back. With a memo whose
+    partitions all stand (`ResolutionMemo`), the groups it holds are merged with those of the
+    mentions added since, not grouped again from every mention."""
+    connection = source.connection
+    merged = memo is not None and memo.name_groups is not None and not memo.stale
+    if merged:
+        query = MERGE_GROUPS_SQL.format(parts=f"SELECT * FROM {memo.name_groups} UNION ALL "
+                                              f"{GROUPS_SQL.format(view=memo.added.view)}")
+    else:
+        query = GROUPS_SQL.format(view=source.view)
+    table = connection.sql(f"{query} ORDER BY type, name").to_arrow_table()
+    types, names = table.column("type").to_pylist(), table.column("name").to_pylist()
     folded = folds(names)
+    descriptions = pc.struct_field(table.column("first_description"), "description").to_pylist()
     return NameGroups(
-        types=types, names=names, folded=folded, counts=grouped["count"].to_list(), descriptions=grouped["description"].to_list(),
-        keys=typed_keys(types, names, folded), seen=grouped.select(["first_seen", "last_seen"]), source=source, memo=memo,
+        types=types, names=names, folded=folded, counts=table.column("count").to_pylist(), descriptions=descriptions,
+        keys=typed_keys(types, names, folded), seen=pl.from_arrow(table.select(["first_seen", "last_seen"])), source=source,
+        memo=memo, grouped=table, read_counts=Counter(name_groups_merged=int(merged)),
     )
 
 
@@ -800,7 +826,8 @@ class Resolution:
     names: pa.Table  # type, name, canonical_id, method: every distinct name's canonical
     counts: Counter
     source: MentionSource
-    evidence: pa.Table  # tables.GROUP_EVIDENCE: the evidence read, the next run's memo
+    evidence: pa.Table  # tables.GROUP_EVIDENCE: the evidence read, ...
+    name_groups: pa.Table  # ... and the groups (GROUPS_SQL): the next run's memo
 
     def mapping_relation(self) -> duckdb.DuckDBPyRelation:
         """Each mention's canonical (the `entity_resolution` table), computed by DuckDB: by
@@ -840,7 +867,7 @@ def _registry_canonicals() -> tuple[dict[str, dict[str, Any]], dict[tuple[str, s
 
 
 def resolve_entities(mentions: pa.Table | MentionSource, previous: pa.Table | None = None,
-                     memo: EvidenceMemo | None = None) -> Resolution:
+                     memo: ResolutionMemo | None = None) -> Resolution:
     """Resolve all mentions (a table, or a source over the store's files).
 
     Every live canonical (its id, name, description and aliases) is a function of the mentions
@@ -889,7 +916,7 @@ def resolve_entities(mentions: pa.Table | MentionSource, previous: pa.Table | No
     counts["mentions"] = sum(groups.counts)
     counts.update(groups.read_counts)
     return Resolution(canonical_entities=canonical_entities.sort_by("canonical_id"), names=resolved_names, counts=counts,
-                      source=source, evidence=groups.evidence_table())
+                      source=source, evidence=groups.evidence_table(), name_groups=groups.grouped)
 
 
 def _retired(previous: pa.Table | None, live: pa.Table, registry: dict[str, dict[str, Any]]) -> pa.Table:

@@ -12,7 +12,7 @@ from tkg.core import tables
 from tkg.core.ids import short_hash
 from tkg.core.machine import room_for_duckdb
 from tkg.core.results import StageJob, StageResult
-from tkg.resolve.resolution import EvidenceMemo, MentionSource, evidence_memo_groups, partition_key, resolve_entities
+from tkg.resolve.resolution import MentionSource, ResolutionMemo, evidence_memo_groups, partition_key, resolve_entities
 from tkg.resolve.spoken import call_mentions
 from tkg.store.manifest import scan
 from tkg.store.parquet import partition_of
@@ -24,8 +24,8 @@ def canonical_entities(job: StageJob) -> StageResult:
     names come into memory, the mentions and their embeddings do not); each mention's
     canonical is streamed to `entity_resolution`. The previous registry only contributes the
     ids it issued that no longer name an entity (kept, with `merged_into`), never names or ids
-    of live entities. The evidence the last run read (its memo) is added to, not read again,
-    for the groups none of whose partitions changed (`_evidence_memo`)."""
+    of live entities. What the last run read (its memo: the name groups and their evidence) is
+    added to, not read again, where none of its partitions changed (`_resolution_memo`)."""
     store, connection = job.store, job.connection
     registry = store.global_path("canonical_entities")
     previous = store.read(registry) if store.is_file(registry) else None
@@ -34,26 +34,29 @@ def canonical_entities(job: StageJob) -> StageResult:
     source = (MentionSource(connection, scan(store, connection, files)) if files
               else MentionSource(connection, connection.from_arrow(tables.ENTITIES.empty_table())))
     now = {partition_key(*partition_of(str(path))): (path, *identity) for path, identity in listed.items()}
-    memo = _evidence_memo(job, now)
+    memo = _resolution_memo(job, now)
     resolution = resolve_entities(source, previous, memo)
     counts = resolution.counts
     if memo is not None:
         counts.update(evidence_partitions_added=len(memo.added_files), evidence_partitions_stale=len(memo.stale))
     mentions_read = pa.table({"partition": list(now), "size": [size for _, size, _ in now.values()],
-                              "mtime_ns": [mtime for _, _, mtime in now.values()]}, schema=tables.MENTIONS_READ).sort_by("partition")
+                              "mtime_ns": [mtime for _, _, mtime in now.values()]},
+                             schema=tables.MENTIONS_READ).sort_by("partition")
     return StageResult(resolution.canonical_entities, counts=counts,
                        tables={"canonical_entities": resolution.canonical_entities,
                                "entity_resolution": resolution.mapping_relation(),
-                               "group_evidence": resolution.evidence, "mentions_read": mentions_read})
+                               "group_evidence": resolution.evidence,
+                               "name_groups": resolution.name_groups.cast(tables.NAME_GROUPS), "mentions_read": mentions_read})
 
 
 ENTITY_FILES = "entities/company=*/quarter=*/entities.parquet"
 
 
-def _evidence_memo(job: StageJob, now: dict[str, tuple[PurePath, int, int]]) -> EvidenceMemo | None:
-    """The evidence the step's last output read (its memo), with the partitions whose entity
-    files were rewritten or are gone since (by size and modification time, `now`) and the
-    mentions of the files new or rewritten since; None without a memo."""
+def _resolution_memo(job: StageJob, now: dict[str, tuple[PurePath, int, int]]) -> ResolutionMemo | None:
+    """What the step's last output read (its memo, tkg.resolve.resolution.ResolutionMemo), with
+    the partitions whose entity files were rewritten or are gone since (by size and
+    modification time, `now`) and the mentions of the files new or rewritten since; None
+    without a memo."""
     store, connection, previous = job.store, job.connection, job.previous
     if not all(name in previous for name in ("group_evidence", "mentions_read")):
         return None
@@ -61,8 +64,12 @@ def _evidence_memo(job: StageJob, now: dict[str, tuple[PurePath, int, int]]) -> 
     stale = {key for key, identity in before.items() if key not in now or tuple(now[key][1:]) != identity}
     added = sorted(path for key, (path, *identity) in now.items() if before.get(key) != tuple(identity))
     rows = scan(store, connection, added) if added else connection.from_arrow(tables.ENTITIES.empty_table())
-    return EvidenceMemo(evidence_memo_groups(store.read(previous["group_evidence"])), stale,
-                        MentionSource(connection, rows, view="added_mentions"), added)
+    name_groups = None
+    if "name_groups" in previous:
+        name_groups = "previous_name_groups"
+        store.relation(connection, [previous["name_groups"]]).create_view(name_groups, replace=True)
+    return ResolutionMemo(evidence_memo_groups(store.read(previous["group_evidence"])), name_groups, stale,
+                          MentionSource(connection, rows, view="added_mentions"), added)
 
 
 # Bump when the phrases or linking rules of tkg.resolve.spoken change.
