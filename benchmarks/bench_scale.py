@@ -76,7 +76,7 @@ def _worker_step(step: str, shard: str | None, root: Path, shards: int) -> int:
     start = time.time()
     if step == "warehouse":
         published = run_warehouse(settings, root / "tkg.duckdb")
-        counts = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2)}
+        counts = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2), "seconds": published.seconds}
     elif step == "truth_resolution":
         counts = write_truth_resolution(settings.store())
     else:
@@ -166,7 +166,8 @@ def _worker_pass(root: Path, shards: int) -> int:
             materialised[event.asset_key.to_user_string()] += 1
         clock.start("warehouse")
         published = run_warehouse(settings, root / "tkg.duckdb")
-        clock.steps["warehouse"]["counts"] = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2)}
+        clock.steps["warehouse"]["counts"] = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2),
+                                              "seconds": published.seconds}
     except Exception as error:  # noqa: BLE001 - the failing step is the result, reported with the steps before it
         failure = f"{clock.current}: {type(error).__name__}: {getattr(error, 'description', None) or error}"
         if clock.current:

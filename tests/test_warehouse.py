@@ -160,6 +160,10 @@ def test_an_incremental_publish_replaces_only_changed_partitions_and_equals_a_fr
     assert updated.tables["statements"] == "2 partition(s) replaced"
     assert updated.tables["events"] == "1 partition(s) replaced"
     assert updated.tables["fact_relevance"] == "reloaded" and updated.tables["canonical_entities"] == "kept"
+    # what each part took: the copy of the last file (a fresh file has none), every table and model
+    parts = {"copy", "checkpoint", *(f"raw.{raw.name}" for raw in raw_tables()), *(f"model.{m.name}" for m in load_models())}
+    assert set(updated.seconds) == parts and set(first.seconds) == parts - {"copy"}
+    assert all(seconds >= 0 for seconds in updated.seconds.values()) and updated.seconds["model.facts"] > 0
     fresh = publish(store, tmp_path / "fresh.duckdb", raw_tables())
     assert published_rows(target) == published_rows(fresh.path)
     assert published_rows(target)["raw.statements"][0] == first.raw_rows["statements"] - updated_loss(sample_home, table)

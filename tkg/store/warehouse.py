@@ -25,8 +25,10 @@ import hashlib
 import os
 import re
 import shutil
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path, PurePath
@@ -303,6 +305,8 @@ class PublishResult:
     stamp: Stamp | None = None
     incremental: bool = False  # updated from a copy of the last file rather than built fresh
     tables: dict[str, str] = field(default_factory=dict)  # what was done to each raw table
+    # seconds each part took: the copy of the last file, each raw table and model, the checkpoint
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
         """How the file was made, in a line: 'fresh', or what an incremental publish changed."""
@@ -311,6 +315,21 @@ class PublishResult:
         done = Counter(what if what in ("kept", "reloaded") else "updated" for what in self.tables.values())
         return (f"incremental: {done['updated']} table(s) updated (by partition or by their changes), "
                 f"{done['reloaded']} reloaded, {done['kept']} kept")
+
+
+@dataclass
+class _Clock:
+    """Adds the seconds each named part takes to `seconds`."""
+
+    seconds: dict[str, float]
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - started, 3)
 
 
 def _swap_in(temporary: Path, target: Path) -> None:
@@ -408,8 +427,10 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
     temporary = temporary_path(target, ".building")
     result = PublishResult(path=target, stamp=stamp, incremental=before is not None)
     try:
+        clock = _Clock(result.seconds)
         if before is not None:
-            shutil.copyfile(target, temporary)
+            with clock("copy"):
+                shutil.copyfile(target, temporary)
         config = {**STORAGE_COMPATIBILITY, **({"memory_limit": memory_limit} if memory_limit else {}),
                   **({"max_temp_directory_size": disk_limit} if disk_limit else {})}
         with duckdb.connect(str(temporary), config=config) as connection:
@@ -420,12 +441,14 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
             build_info = {"code_version": code_version, **({"stamp": stamp.to_json()} if stamp is not None else {}), **(info or {})}
             connection.executemany("INSERT INTO raw.build_info VALUES (?, ?)", list(build_info.items()))
             for raw in raw_tables:
-                if before is None:
-                    _load_raw(connection, store, raw, {store.absolute(path): size for path, (size, _) in sources[raw.name].items()})
-                    result.tables[raw.name] = "loaded"
-                else:
-                    result.tables[raw.name] = _update_raw(connection, store, raw, sources[raw.name], before.get(raw.name, {}),
-                                                          versions_before.get(raw.name))
+                with clock(f"raw.{raw.name}"):
+                    if before is None:
+                        files = {store.absolute(path): size for path, (size, _) in sources[raw.name].items()}
+                        _load_raw(connection, store, raw, files)
+                        result.tables[raw.name] = "loaded"
+                    else:
+                        result.tables[raw.name] = _update_raw(connection, store, raw, sources[raw.name],
+                                                              before.get(raw.name, {}), versions_before.get(raw.name))
                 result.raw_rows[raw.name] = connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchall()[0][0]
             for table in sorted(set(before or {}) - set(sources)):  # a table tkg no longer publishes
                 connection.execute(f"DROP TABLE IF EXISTS raw.{table}")
@@ -436,11 +459,13 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
             connection.execute("CREATE OR REPLACE TABLE raw.loaded_files AS SELECT * FROM loaded")
             connection.unregister("loaded")
             for model in models:
-                apply_model(connection, model)
+                with clock(f"model.{model.name}"):
+                    apply_model(connection, model)
                 result.models.append(model.name)
             if check is not None:
                 check(connection)
-            connection.execute("CHECKPOINT")
+            with clock("checkpoint"):
+                connection.execute("CHECKPOINT")
         _swap_in(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
