@@ -479,6 +479,13 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     # (tests/test_resolution.py has the evidence added to)
     assert report.counts["evidence_partitions_added"] == len(COMPANIES)
     assert report.counts["evidence_partitions_stale"] == 1
+    # the spoken forms: only the new calls' text read, the others' forms kept; linked as a cold build links them
+    assert report.counts["spoken_calls_read"] == len(COMPANIES)
+    every_call = duckdb.sql(f"SELECT count(DISTINCT transcript_id) FROM '{cold}/parquet/chunks/*/*/chunks.parquet'").fetchall()
+    assert cold_report.counts["spoken_calls_read"] == every_call[0][0] > 20
+    spoken = [ParquetStore(root).read(root / "parquet" / "spoken_mentions" / "spoken_mentions.parquet")
+              .replace_schema_metadata(None) for root in (home, cold)]
+    assert spoken[0].num_rows > 0 and spoken[0].equals(spoken[1])
     # the split tables: written as deltas on the last build (both global steps that split), a
     # cold build's rows in the same order, and the same fingerprint per shard
     assert report.counts["split_written_as_delta"] == 2 and cold_report.counts["split_written_as_delta"] == 0

@@ -156,7 +156,7 @@ STAGES: tuple[Stage, ...] = (
         tables=(Table("entity_resolution", tables.ENTITY_RESOLUTION),
                 Table("group_evidence", tables.GROUP_EVIDENCE, memo=True, published=False),
                 Table("name_groups", tables.NAME_GROUPS, memo=True, published=False),
-                Table("mentions_read", tables.MENTIONS_READ, memo=True, published=False),
+                Table("mentions_read", tables.PARTITIONS_READ, memo=True, published=False),
                 Table("canonical_entities", tables.CANONICAL_ENTITIES))),
     Stage(
         "spoken_mentions", "resolution",
@@ -166,7 +166,9 @@ STAGES: tuple[Stage, ...] = (
         "new forms (source 'spoken').",
         code_version=lambda f: SPOKEN_VERSION, compute=resolve.spoken_mentions,
         inputs=("chunks", "statements", "triplets", "canonical_entities"), kind="global",
-        tables=(Table("spoken_mentions", tables.SPOKEN_MENTIONS),)),
+        tables=(Table("spoken_forms", tables.SPOKEN_FORMS, memo=True, published=False),
+                Table("chunks_read", tables.PARTITIONS_READ, memo=True, published=False),
+                Table("spoken_mentions", tables.SPOKEN_MENTIONS))),
     Stage(
         "fact_blocks", "invalidation",
         "The facts invalidation compares (FACT, non-ATEMPORAL events with triplets, each with the key of the fact it "

@@ -99,9 +99,15 @@ NAME_GROUPS = pa.schema([
                                      ("description", pa.string())])),
     ("first_seen", TIMESTAMP), ("last_seen", TIMESTAMP),
 ])
-# ... and the entity files of every partition it read, by size and modification time.
-MENTIONS_READ = pa.schema([("partition", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64())])
+# ... and the entity files of every partition it read, by size and modification time (the
+# spoken mentions' memo also keeps the chunk files it read so).
+PARTITIONS_READ = pa.schema([("partition", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64())])
 
+# The name forms each call's text says (tkg.resolve.spoken.call_forms): the spoken mentions' memo.
+SPOKEN_FORMS = pa.schema([
+    ("partition", pa.string()), ("transcript_id", pa.string()), ("company", pa.string()), ("chunk_id", pa.string()),
+    ("spoken", pa.string()), ("kind", pa.string()), ("target", pa.string()),
+])
 # A participant named in the call as the operator or a speaker said it (tkg.resolve.spoken).
 SPOKEN_MENTIONS = pa.schema([
     ("mention_id", pa.string()), ("transcript_id", pa.string()), ("company", pa.string()), ("chunk_id", pa.string()),

@@ -135,22 +135,37 @@ def link(form: SpokenForm, participants: list[str], company_people: list[str] = 
     return None
 
 
-def call_mentions(chunks: list[dict], participants: list[str], company_people: list[str] = ()) -> tuple[list[dict], int]:
-    """Spoken-form mentions of one call from its chunks in order (chunk_id, speaker, text): one
-    row per (chunk, form) linked to a participant (or, for 'in for', to one of `company_people`,
-    the participants of the company's calls), and how many forms stayed unlinked."""
+def call_forms(chunks: list[dict]) -> list[tuple[str, SpokenForm]]:
+    """The spoken forms of one call from its chunks in order (chunk_id, speaker, text, kind),
+    each with its chunk: what a call's text says, whoever the participants turn out to be."""
     speakers = [chunk["speaker"] for chunk in chunks]
-    rows, unlinked = [], 0
+    forms = []
     for position, chunk in enumerate(chunks):
         speaker = chunk["speaker"]
         if not speaker or chunk.get("kind") == "participants":
             continue
         next_speaker = next((s for s in speakers[position + 1:] if s and s != speaker), None)
-        for form in spoken_forms(chunk["text"], speaker, next_speaker):
-            linked = link(form, participants, company_people)
-            if linked is None:
-                unlinked += 1
-                continue
-            rows.append({"chunk_id": chunk["chunk_id"], "spoken": form.spoken, "kind": form.kind,
-                         "participant": linked[0], "method": linked[1]})
+        forms.extend((chunk["chunk_id"], form) for form in spoken_forms(chunk["text"], speaker, next_speaker))
+    return forms
+
+
+def linked_forms(forms: list[tuple[str, SpokenForm]], participants: list[str],
+                 company_people: list[str] = ()) -> tuple[list[dict], int]:
+    """One row per (chunk, form) of `call_forms` linked to a participant (or, for 'in for', to
+    one of `company_people`, the participants of the company's calls), and how many forms
+    stayed unlinked."""
+    rows, unlinked = [], 0
+    for chunk_id, form in forms:
+        linked = link(form, participants, company_people)
+        if linked is None:
+            unlinked += 1
+            continue
+        rows.append({"chunk_id": chunk_id, "spoken": form.spoken, "kind": form.kind, "participant": linked[0],
+                     "method": linked[1]})
     return rows, unlinked
+
+
+def call_mentions(chunks: list[dict], participants: list[str], company_people: list[str] = ()) -> tuple[list[dict], int]:
+    """Spoken-form mentions of one call from its chunks in order: its forms (`call_forms`) linked
+    (`linked_forms`)."""
+    return linked_forms(call_forms(chunks), participants, company_people)

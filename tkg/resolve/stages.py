@@ -4,16 +4,20 @@ and the names spoken in the calls linked to the participants they name."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Iterator
+from itertools import groupby
+from operator import itemgetter
 from pathlib import PurePath
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tkg.core import tables
 from tkg.core.ids import short_hash
 from tkg.core.machine import room_for_duckdb
 from tkg.core.results import StageJob, StageResult
 from tkg.resolve.resolution import MentionSource, ResolutionMemo, evidence_memo_groups, partition_key, resolve_entities
-from tkg.resolve.spoken import call_mentions
+from tkg.resolve.spoken import SpokenForm, call_forms, linked_forms
 from tkg.store.manifest import scan
 from tkg.store.parquet import partition_of
 from tkg.store.warehouse import apply_model, model
@@ -39,9 +43,7 @@ def canonical_entities(job: StageJob) -> StageResult:
     counts = resolution.counts
     if memo is not None:
         counts.update(evidence_partitions_added=len(memo.added_files), evidence_partitions_stale=len(memo.stale))
-    mentions_read = pa.table({"partition": list(now), "size": [size for _, size, _ in now.values()],
-                              "mtime_ns": [mtime for _, _, mtime in now.values()]},
-                             schema=tables.MENTIONS_READ).sort_by("partition")
+    mentions_read = _partitions_read(now)
     return StageResult(resolution.canonical_entities, counts=counts,
                        tables={"canonical_entities": resolution.canonical_entities,
                                "entity_resolution": resolution.mapping_relation(),
@@ -91,11 +93,18 @@ _LISTED_PEOPLE_SQL = """
 
 def spoken_mentions(job: StageJob) -> StageResult:
     """Spoken name forms (tkg.resolve.spoken) of every call, linked to the canonical person of
-    the participant they name. Calls are read one at a time, in transcript order."""
+    the participant they name. A call's forms depend on its text alone: they are kept (a memo,
+    `spoken_forms`) and only the calls of chunk files new or rewritten since the last run are
+    read again, a call at a time in transcript order. Linking, which depends on every call's
+    participants, runs over every form each time."""
     store, connection = job.store, job.connection
-    chunk_files = store.partition_files("chunks")
-    if not chunk_files:
-        return StageResult(tables.SPOKEN_MENTIONS.empty_table())
+    listed = store.listing(CHUNK_FILES)
+    now = {partition_key(*partition_of(str(path))): (path, *identity) for path, identity in listed.items()}
+    chunks_read = _partitions_read(now)
+    if not listed:
+        return StageResult(tables.SPOKEN_MENTIONS.empty_table(), tables={
+            "spoken_mentions": tables.SPOKEN_MENTIONS.empty_table(), "spoken_forms": tables.SPOKEN_FORMS.empty_table(),
+            "chunks_read": chunks_read})
     connection.execute("CREATE SCHEMA IF NOT EXISTS raw")
     for name, schema, files in (("triplets", tables.TRIPLETS, store.partition_files("triplets")),
                                 ("entity_resolution", tables.ENTITY_RESOLUTION,
@@ -108,39 +117,84 @@ def spoken_mentions(job: StageJob) -> StageResult:
     statement_files = store.partition_files("statements")
     (scan(store, connection, statement_files) if statement_files else connection.from_arrow(tables.STATEMENTS.empty_table())
      ).select("statement_id", "chunk_id", "transcript_id").create_view("statements", replace=True)
-    scan(store, connection, chunk_files).select("chunk_id", "transcript_id", "company", "chunk_index", "kind", "speaker",
-                                                "text").create_view("call_chunks", replace=True)
+    scan(store, connection, sorted(listed)).select("chunk_id", "company", "kind").create_view("call_chunks", replace=True)
     people: dict[str, dict[str, str]] = {}
     company_people: dict[str, dict[str, str]] = {}  # every call's participants, by company
     for transcript_id, company, participant, canonical_id in connection.execute(_LISTED_PEOPLE_SQL + " ORDER BY ALL").fetchall():
         people.setdefault(transcript_id, {}).setdefault(participant, canonical_id)
         company_people.setdefault(company, {}).setdefault(participant, canonical_id)
-    records, counts = [], Counter()
-    call: list[dict] = []
+    forms, read_again = _spoken_forms(job, now)
+    counts = Counter(spoken_calls_read=read_again)
+    records = []
 
-    def flush() -> None:
-        if not call:
-            return
+    def link(call: list[dict]) -> None:
         transcript_id, company = call[0]["transcript_id"], call[0]["company"]
-        listed = people.get(transcript_id, {})
-        known = company_people.get(company, {})
-        rows, unlinked = call_mentions(call, sorted(listed), sorted(known))
+        listed_people, known = people.get(transcript_id, {}), company_people.get(company, {})
+        found = [(row["chunk_id"], SpokenForm(row["spoken"], row["kind"], row["target"])) for row in call]
+        rows, unlinked = linked_forms(found, sorted(listed_people), sorted(known))
         counts["spoken_forms_unlinked"] += unlinked
-        for row in rows:
-            records.append({**row, "mention_id": short_hash(row["chunk_id"], row["spoken"], row["kind"]),
-                            "transcript_id": transcript_id, "company": company,
-                            "canonical_id": listed.get(row["participant"]) or known[row["participant"]]})
-        call.clear()
+        records.extend({**row, "mention_id": short_hash(row["chunk_id"], row["spoken"], row["kind"]),
+                        "transcript_id": transcript_id, "company": company,
+                        "canonical_id": listed_people.get(row["participant"]) or known[row["participant"]]} for row in rows)
 
-    with room_for_duckdb(connection):  # the sort of every chunk's text, beside the participants above
-        reader = connection.sql("SELECT * FROM call_chunks ORDER BY transcript_id, chunk_index").fetch_arrow_reader(CHUNK_BATCH_ROWS)
-        for batch in reader:
-            for chunk in batch.to_pylist():
-                if call and chunk["transcript_id"] != call[0]["transcript_id"]:
-                    flush()
-                call.append(chunk)
-    flush()
+    for call in _calls(forms.to_batches(CHUNK_BATCH_ROWS)):  # the forms come call after call
+        link(call)
     records.sort(key=lambda r: r["mention_id"])
     counts["spoken_mentions"] = len(records)
     table = tables.to_table(records, tables.SPOKEN_MENTIONS)
-    return StageResult(table, counts=counts, tables={"spoken_mentions": table})
+    return StageResult(table, counts=counts, tables={"spoken_mentions": table, "spoken_forms": forms,
+                                                     "chunks_read": chunks_read})
+
+
+CHUNK_FILES = "chunks/company=*/quarter=*/chunks.parquet"
+
+
+def _spoken_forms(job: StageJob, now: dict[str, tuple[PurePath, int, int]]) -> tuple[pa.Table, int]:
+    """Every call's spoken forms (tables.SPOKEN_FORMS, in transcript and chunk order): the last
+    run's (its memo) for the partitions whose chunk files stand as they were (by size and
+    modification time, `now`), the others read from their chunks; and how many calls were read."""
+    store, connection, previous = job.store, job.connection, job.previous
+    kept = tables.SPOKEN_FORMS.empty_table()
+    fresh = sorted(now)
+    if all(name in previous for name in ("spoken_forms", "chunks_read")):
+        before = {row["partition"]: (row["size"], row["mtime_ns"]) for row in store.read(previous["chunks_read"]).to_pylist()}
+        standing = [key for key, (_, *identity) in now.items() if before.get(key) == tuple(identity)]
+        fresh = sorted(set(now) - set(standing))
+        memo = store.read(previous["spoken_forms"]).cast(tables.SPOKEN_FORMS)
+        kept = memo.filter(pc.is_in(memo.column("partition"), pa.array(standing, pa.string())))
+    rows: list[dict] = []
+    calls: list[str] = []  # the calls read
+    if fresh:
+        scan(store, connection, [now[key][0] for key in fresh]).select(
+            "chunk_id", "transcript_id", "company", "quarter", "chunk_index", "kind", "speaker", "text"
+        ).create_view("fresh_chunks", replace=True)
+
+        def read(call: list[dict]) -> None:
+            first = call[0]
+            calls.append(first["transcript_id"])
+            key = partition_key(first["company"], first["quarter"].isoformat())
+            rows.extend({"partition": key, "transcript_id": first["transcript_id"], "company": first["company"],
+                         "chunk_id": chunk_id, "spoken": form.spoken, "kind": form.kind, "target": form.target}
+                        for chunk_id, form in call_forms(call))
+
+        with room_for_duckdb(connection):  # the sort of the calls' text, beside the participants
+            reader = connection.sql("SELECT * FROM fresh_chunks ORDER BY transcript_id, chunk_index"
+                                    ).fetch_arrow_reader(CHUNK_BATCH_ROWS)
+            for call in _calls(reader):
+                read(call)
+    forms = pa.concat_tables([kept, tables.to_table(rows, tables.SPOKEN_FORMS)])
+    return forms.sort_by([("transcript_id", "ascending"), ("chunk_id", "ascending"), ("kind", "ascending"),
+                          ("spoken", "ascending")]), len(calls)
+
+
+def _calls(batches: Iterable[pa.RecordBatch]) -> Iterator[list[dict]]:
+    """The rows of batches sorted by transcript, a call's at a time."""
+    rows = (row for batch in batches for row in batch.to_pylist())
+    for _, call in groupby(rows, key=itemgetter("transcript_id")):
+        yield list(call)
+
+
+def _partitions_read(now: dict[str, tuple[PurePath, int, int]]) -> pa.Table:
+    """The files of every partition a step read, by size and modification time (tables.PARTITIONS_READ)."""
+    return pa.table({"partition": list(now), "size": [size for _, size, _ in now.values()],
+                     "mtime_ns": [mtime for _, _, mtime in now.values()]}, schema=tables.PARTITIONS_READ).sort_by("partition")
