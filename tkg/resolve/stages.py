@@ -19,7 +19,7 @@ from tkg.core.results import StageJob, StageResult
 from tkg.resolve.resolution import MentionSource, ResolutionMemo, evidence_memo_groups, partition_key, resolve_entities
 from tkg.resolve.spoken import SpokenForm, call_forms, linked_forms
 from tkg.store.manifest import scan
-from tkg.store.parquet import partition_of
+from tkg.store.parquet import ParquetStore, partition_of
 from tkg.store.warehouse import apply_model, model
 
 
@@ -48,7 +48,8 @@ def canonical_entities(job: StageJob) -> StageResult:
                        tables={"canonical_entities": resolution.canonical_entities,
                                "entity_resolution": resolution.mapping_relation(),
                                "group_evidence": resolution.evidence,
-                               "name_groups": resolution.name_groups.cast(tables.NAME_GROUPS), "mentions_read": mentions_read})
+                               "name_groups": resolution.name_groups.cast(tables.NAME_GROUPS),
+                               "mentions_read": mentions_read})
 
 
 ENTITY_FILES = "entities/company=*/quarter=*/entities.parquet"
@@ -62,9 +63,8 @@ def _resolution_memo(job: StageJob, now: dict[str, tuple[PurePath, int, int]]) -
     store, connection, previous = job.store, job.connection, job.previous
     if not all(name in previous for name in ("group_evidence", "mentions_read")):
         return None
-    before = {row["partition"]: (row["size"], row["mtime_ns"]) for row in store.read(previous["mentions_read"]).to_pylist()}
-    stale = {key for key, identity in before.items() if key not in now or tuple(now[key][1:]) != identity}
-    added = sorted(path for key, (path, *identity) in now.items() if before.get(key) != tuple(identity))
+    stale, changed = _since_read(store, previous["mentions_read"], now)
+    added = [now[key][0] for key in changed]
     rows = scan(store, connection, added) if added else connection.from_arrow(tables.ENTITIES.empty_table())
     name_groups = None
     if "name_groups" in previous:
@@ -157,9 +157,8 @@ def _spoken_forms(job: StageJob, now: dict[str, tuple[PurePath, int, int]]) -> t
     kept = tables.SPOKEN_FORMS.empty_table()
     fresh = sorted(now)
     if all(name in previous for name in ("spoken_forms", "chunks_read")):
-        before = {row["partition"]: (row["size"], row["mtime_ns"]) for row in store.read(previous["chunks_read"]).to_pylist()}
-        standing = [key for key, (_, *identity) in now.items() if before.get(key) == tuple(identity)]
-        fresh = sorted(set(now) - set(standing))
+        _, fresh = _since_read(store, previous["chunks_read"], now)
+        standing = sorted(set(now) - set(fresh))
         memo = store.read(previous["spoken_forms"]).cast(tables.SPOKEN_FORMS)
         kept = memo.filter(pc.is_in(memo.column("partition"), pa.array(standing, pa.string())))
     rows: list[dict] = []
@@ -192,6 +191,15 @@ def _calls(batches: Iterable[pa.RecordBatch]) -> Iterator[list[dict]]:
     rows = (row for batch in batches for row in batch.to_pylist())
     for _, call in groupby(rows, key=itemgetter("transcript_id")):
         yield list(call)
+
+
+def _since_read(store: ParquetStore, read: PurePath, now: dict[str, tuple[PurePath, int, int]]) -> tuple[set[str], list[str]]:
+    """Against the partitions' files a step read last (`read`, tables.PARTITIONS_READ), by size
+    and modification time (`now`): the partitions whose files were rewritten or are gone since,
+    and those whose files are new or rewritten since."""
+    before = {row["partition"]: (row["size"], row["mtime_ns"]) for row in store.read(read).to_pylist()}
+    stale = {key for key, identity in before.items() if key not in now or tuple(now[key][1:]) != identity}
+    return stale, sorted(key for key, (_, *identity) in now.items() if before.get(key) != tuple(identity))
 
 
 def _partitions_read(now: dict[str, tuple[PurePath, int, int]]) -> pa.Table:
