@@ -108,6 +108,7 @@ SPOKEN_FORMS = pa.schema([
     ("partition", pa.string()), ("transcript_id", pa.string()), ("company", pa.string()), ("chunk_id", pa.string()),
     ("spoken", pa.string()), ("kind", pa.string()), ("target", pa.string()),
 ])
+
 # A participant named in the call as the operator or a speaker said it (tkg.resolve.spoken).
 SPOKEN_MENTIONS = pa.schema([
     ("mention_id", pa.string()), ("transcript_id", pa.string()), ("company", pa.string()), ("chunk_id", pa.string()),

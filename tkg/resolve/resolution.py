@@ -365,7 +365,11 @@ class GroupEvidence:
         self.descriptions |= other.descriptions
         self.partitions |= other.partitions
         for length, total in other.sums.items():
-            self.sums[length] = self.sums[length] + total if length in self.sums else total.copy()
+            self.add_sum(length, total)
+
+    def add_sum(self, length: int, total: np.ndarray) -> None:
+        """Add a fixed-point sum of vectors of `length` (never changing the array given)."""
+        self.sums[length] = self.sums[length] + total if length in self.sums else total.copy()
 
     def evidence(self) -> tuple[bytes, np.ndarray | None]:
         """A digest of the description set (equal digests, equal sets), and the mean unit
@@ -392,7 +396,7 @@ class ResolutionMemo:
     name_groups: str | None
     stale: set[str]
     added: MentionSource
-    added_files: list = field(default_factory=list)
+    added_files: list = field(default_factory=list)  # the files `added` reads
 
 
 @dataclass
@@ -444,10 +448,9 @@ class NameGroups:
         self.read_counts.update(evidence_groups_read=len(todo) - len(kept), evidence_groups_memo=len(kept))
         if kept:
             added = self._read(memo.added, sorted(kept))
-            for group, before in kept.items():
-                now = GroupEvidence(set(before.descriptions), dict(before.sums), set(before.partitions))
-                now.add(added[group])
-                self.read[group] = now
+            for group, before in kept.items():  # the memo's evidence is this run's to add to
+                before.add(added[group])
+                self.read[group] = before
         return {group: self.read[group].evidence() for group in wanted}
 
     def _read(self, source: MentionSource, wanted: list[int]) -> dict[int, GroupEvidence]:
@@ -476,8 +479,7 @@ class NameGroups:
                     for group, value in zip(distinct.column("group").to_pylist(), distinct.column("value").to_pylist()):
                         getattr(read[group], field_name).add(value)
                 for group, length, total in _fixed_point_sums(owners.to_numpy(), batch.column(2)):
-                    sums = read[group].sums
-                    sums[length] = sums[length] + total if length in sums else total
+                    read[group].add_sum(length, total)
         connection.unregister("_wanted_groups")
         return read
 
@@ -875,8 +877,8 @@ def resolve_entities(mentions: pa.Table | MentionSource, previous: pa.Table | No
     whatever order they were built. A cluster's id hashes its earliest-seen name, which later
     calls do not change, so ids stay stable as partitions arrive. `previous` (the last
     registry) only contributes the ids it issued that no longer name a live entity: they are
-    kept, with `merged_into` pointing at the entity that now holds their names. `memo`: the
-    evidence the last run read, which only saves reading it again (NameGroups.evidence).
+    kept, with `merged_into` pointing at the entity that now holds their names. `memo`: what
+    the last run read (its name groups and evidence), which only saves reading it again.
 
     Only distinct names are held in memory; each mention's canonical id is a join of the
     mentions with `Resolution.names` (`Resolution.mapping_relation`), streamed where it is used."""

@@ -23,6 +23,16 @@ from tkg.store.parquet import ParquetStore, partition_of
 from tkg.store.warehouse import apply_model, model
 
 
+# Each partition's file of a stage, by partition key: (path, size, modification time in ns).
+PartitionFiles = dict[str, tuple[PurePath, int, int]]
+
+
+def _partition_files(store: ParquetStore, asset: str) -> PartitionFiles:
+    """Every partition's file of `asset` (one listing), by partition key (partition_key)."""
+    listed = store.listing(f"{asset}/company=*/quarter=*/{asset}.parquet")
+    return {partition_key(*partition_of(str(path))): (path, *identity) for path, identity in listed.items()}
+
+
 def canonical_entities(job: StageJob) -> StageResult:
     """Resolve every mention. Mentions are read a column at a time by DuckDB (the distinct
     names come into memory, the mentions and their embeddings do not); each mention's
@@ -33,11 +43,10 @@ def canonical_entities(job: StageJob) -> StageResult:
     store, connection = job.store, job.connection
     registry = store.global_path("canonical_entities")
     previous = store.read(registry) if store.is_file(registry) else None
-    listed = store.listing(ENTITY_FILES)
-    files = sorted(listed)
+    now = _partition_files(store, "entities")
+    files = sorted(path for path, _, _ in now.values())
     source = (MentionSource(connection, scan(store, connection, files)) if files
               else MentionSource(connection, connection.from_arrow(tables.ENTITIES.empty_table())))
-    now = {partition_key(*partition_of(str(path))): (path, *identity) for path, identity in listed.items()}
     memo = _resolution_memo(job, now)
     resolution = resolve_entities(source, previous, memo)
     counts = resolution.counts
@@ -52,10 +61,7 @@ def canonical_entities(job: StageJob) -> StageResult:
                                "mentions_read": mentions_read})
 
 
-ENTITY_FILES = "entities/company=*/quarter=*/entities.parquet"
-
-
-def _resolution_memo(job: StageJob, now: dict[str, tuple[PurePath, int, int]]) -> ResolutionMemo | None:
+def _resolution_memo(job: StageJob, now: PartitionFiles) -> ResolutionMemo | None:
     """What the step's last output read (its memo, tkg.resolve.resolution.ResolutionMemo), with
     the partitions whose entity files were rewritten or are gone since (by size and
     modification time, `now`) and the mentions of the files new or rewritten since; None
@@ -98,10 +104,9 @@ def spoken_mentions(job: StageJob) -> StageResult:
     read again, a call at a time in transcript order. Linking, which depends on every call's
     participants, runs over every form each time."""
     store, connection = job.store, job.connection
-    listed = store.listing(CHUNK_FILES)
-    now = {partition_key(*partition_of(str(path))): (path, *identity) for path, identity in listed.items()}
+    now = _partition_files(store, "chunks")
     chunks_read = _partitions_read(now)
-    if not listed:
+    if not now:
         return StageResult(tables.SPOKEN_MENTIONS.empty_table(), tables={
             "spoken_mentions": tables.SPOKEN_MENTIONS.empty_table(), "spoken_forms": tables.SPOKEN_FORMS.empty_table(),
             "chunks_read": chunks_read})
@@ -117,7 +122,8 @@ def spoken_mentions(job: StageJob) -> StageResult:
     statement_files = store.partition_files("statements")
     (scan(store, connection, statement_files) if statement_files else connection.from_arrow(tables.STATEMENTS.empty_table())
      ).select("statement_id", "chunk_id", "transcript_id").create_view("statements", replace=True)
-    scan(store, connection, sorted(listed)).select("chunk_id", "company", "kind").create_view("call_chunks", replace=True)
+    chunk_files = sorted(path for path, _, _ in now.values())
+    scan(store, connection, chunk_files).select("chunk_id", "company", "kind").create_view("call_chunks", replace=True)
     people: dict[str, dict[str, str]] = {}
     company_people: dict[str, dict[str, str]] = {}  # every call's participants, by company
     for transcript_id, company, participant, canonical_id in connection.execute(_LISTED_PEOPLE_SQL + " ORDER BY ALL").fetchall():
@@ -146,10 +152,7 @@ def spoken_mentions(job: StageJob) -> StageResult:
                                                      "chunks_read": chunks_read})
 
 
-CHUNK_FILES = "chunks/company=*/quarter=*/chunks.parquet"
-
-
-def _spoken_forms(job: StageJob, now: dict[str, tuple[PurePath, int, int]]) -> tuple[pa.Table, int]:
+def _spoken_forms(job: StageJob, now: PartitionFiles) -> tuple[pa.Table, int]:
     """Every call's spoken forms (tables.SPOKEN_FORMS, in transcript and chunk order): the last
     run's (its memo) for the partitions whose chunk files stand as they were (by size and
     modification time, `now`), the others read from their chunks; and how many calls were read."""
@@ -193,7 +196,7 @@ def _calls(batches: Iterable[pa.RecordBatch]) -> Iterator[list[dict]]:
         yield list(call)
 
 
-def _since_read(store: ParquetStore, read: PurePath, now: dict[str, tuple[PurePath, int, int]]) -> tuple[set[str], list[str]]:
+def _since_read(store: ParquetStore, read: PurePath, now: PartitionFiles) -> tuple[set[str], list[str]]:
     """Against the partitions' files a step read last (`read`, tables.PARTITIONS_READ), by size
     and modification time (`now`): the partitions whose files were rewritten or are gone since,
     and those whose files are new or rewritten since."""
@@ -202,7 +205,7 @@ def _since_read(store: ParquetStore, read: PurePath, now: dict[str, tuple[PurePa
     return stale, sorted(key for key, (_, *identity) in now.items() if before.get(key) != tuple(identity))
 
 
-def _partitions_read(now: dict[str, tuple[PurePath, int, int]]) -> pa.Table:
+def _partitions_read(now: PartitionFiles) -> pa.Table:
     """The files of every partition a step read, by size and modification time (tables.PARTITIONS_READ)."""
     return pa.table({"partition": list(now), "size": [size for _, size, _ in now.values()],
                      "mtime_ns": [mtime for _, _, mtime in now.values()]}, schema=tables.PARTITIONS_READ).sort_by("partition")
