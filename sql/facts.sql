@@ -3,6 +3,9 @@
 -- The join is materialised before the sort (a MATERIALIZED CTE): joining and sorting in one
 -- pipeline held the join's hash table and the sort's runs at once, and at 5M events ran out of
 -- the publish's memory (TKG_STEP_MEMORY); apart, each spills as it must.
+-- A publish that starts from the last file keeps this table and runs the query for the events
+-- that changed alone, with `events` and `triplets` narrowed to them (tkg.store.warehouse.FactsInPlace):
+-- keep it one query over those views, whose rows are keyed by event.
 CREATE OR REPLACE TABLE facts AS
 WITH joined AS MATERIALIZED (
 SELECT e.company, tr.fiscal_quarter, tr.call_date, t.subject, t.subject_id, t.predicate, t.object, t.object_id, t.value,

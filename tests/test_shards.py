@@ -155,14 +155,14 @@ def test_an_entity_merge_reruns_what_it_touches_and_equals_a_fresh_build(two_com
     facts about them move to the merged entity's blocks (and shards). The rerun keeps every
     shard and block the merge did not touch, and its graph equals a build from nothing."""
     home = _copy(two_companies, tmp_path / "home")
-    finish_graph(_runtime(home, 5))
+    finish_graph(_runtime(home, 5), publish_to=home / "tkg.duckdb")
     shards_before = _event_shards(home)
     files_before = _shard_files(home)
 
     monkeypatch.setenv("TKG_COMPANIES", str(_merged_registry(home, tmp_path)))
     runtime = _runtime(home, 5)
     assert stale_work(runtime, catalog.stage("canonical_entities")) == ["*"]
-    report = finish_graph(runtime)
+    report = finish_graph(runtime, publish_to=home / "tkg.duckdb")
     moved = {event for event, shards in _event_shards(home).items() if shards_before.get(event, shards) != shards}
     assert moved, "the merge moved no fact to another shard"
     files_after = _shard_files(home)
@@ -175,8 +175,14 @@ def test_an_entity_merge_reruns_what_it_touches_and_equals_a_fresh_build(two_com
     assert retired, "the merged entity's id is kept, pointing at the entity it joined"
 
     fresh = _copy(two_companies, tmp_path / "fresh")
-    finish_graph(_runtime(fresh, 5))
+    finish_graph(_runtime(fresh, 5), publish_to=fresh / "tkg.duckdb")
     assert _graph(home) == _graph(fresh)
+    # the published facts: the moved facts' rows replaced in place (their subject or object is
+    # the merged entity now), equal to the fresh build's
+    replaced = re.match(r"([\d,]+) event\(s\) replaced", report.publish.in_place["facts"])
+    assert replaced and 0 < int(replaced[1].replace(",", "")) < report.publish.raw_rows["events"]
+    assert all(published_rows(home / "tkg.duckdb")[name] == published_rows(fresh / "tkg.duckdb")[name]
+               for name in ("main.facts", "raw.entity_resolution", "raw.event_invalidations"))
 
 
 def _digest(path: Path) -> str:
@@ -497,8 +503,14 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert applied and 0 < int(applied[1].replace(",", "")) and 0 < int(applied[2].replace(",", "")) \
         < report.publish.raw_rows["invalidation_judgments"] / 2
     assert report.counts["judgments_changed"] == sum(int(number.replace(",", "")) for number in applied.groups())
+    # facts: the rows of the events the quarter added, withdrew, re-resolved or retired replaced
+    # in place, and every row's relevance moved to the new latest call
+    in_place = re.fullmatch(r"([\d,]+) event\(s\) replaced \(([\d,]+) row\(s\) deleted, ([\d,]+) inserted\), "
+                            r"([\d,]+) relevance\(s\) updated", report.publish.in_place["facts"])
+    replaced, deleted, inserted, moved = (int(number.replace(",", "")) for number in in_place.groups())
+    assert 0 < replaced < report.publish.raw_rows["events"] / 2 and deleted > 0 and inserted > 0 and moved > 0
     fresh = publish(ParquetStore(home), tmp_path / "fresh.duckdb", raw_tables())
-    assert fresh.tables["invalidation_judgments"] == "loaded"
+    assert fresh.tables["invalidation_judgments"] == "loaded" and fresh.in_place == {}
     assert published_rows(home / "tkg.duckdb") == published_rows(fresh.path)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections import Counter
 from dataclasses import replace
@@ -164,6 +165,14 @@ def test_an_incremental_publish_replaces_only_changed_partitions_and_equals_a_fr
     parts = {"copy", "checkpoint", *(f"raw.{raw.name}" for raw in raw_tables()), *(f"model.{m.name}" for m in load_models())}
     assert set(updated.seconds) == parts and set(first.seconds) == parts - {"copy"}
     assert all(seconds >= 0 for seconds in updated.seconds.values()) and updated.seconds["model.facts"] > 0
+    # facts: kept, with the rows of the gone partition's events deleted in place (the other
+    # changes are not in it: statements are not read, the relevance file holds the same rows)
+    gone_events = pq.read_table(sample_home / "parquet" / "temporal_events" / "company=QNTX" / "quarter=2024-10-01"
+                                / "temporal_events.parquet").num_rows
+    in_place = re.fullmatch(r"([\d,]+) event\(s\) replaced \(([\d,]+) row\(s\) deleted, 0 inserted\), 0 relevance\(s\) updated",
+                            updated.in_place["facts"])
+    assert in_place and int(in_place[1]) == gone_events > 0 and int(in_place[2].replace(",", "")) > 0
+    assert updated.summary().endswith("; facts updated in place") and first.in_place == {}
     fresh = publish(store, tmp_path / "fresh.duckdb", raw_tables())
     assert published_rows(target) == published_rows(fresh.path)
     assert published_rows(target)["raw.statements"][0] == first.raw_rows["statements"] - updated_loss(sample_home, table)

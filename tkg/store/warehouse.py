@@ -14,9 +14,10 @@ file and, per table, keeps it when none of its files changed, replaces the rows 
 partitions whose files changed or went, applies the changes a global step wrote beside its
 table since the version loaded last (the judgments: a new quarter changes a few of millions), or
 reloads it whole (another global step's table, the usage, a table whose columns changed, or one
-where most partitions changed). Every model is then
-re-applied. A file published by other SQL models, or one whose free space has grown past a
-third, is built fresh instead. The rows are the same either way.
+where most partitions changed). Every model is then re-applied, except the `facts` table, whose
+rows of the events that changed are replaced in place (`FactsInPlace`). A file published by
+other SQL models, or one whose free space has grown past a third, is built fresh instead. The
+rows are the same either way.
 """
 
 from __future__ import annotations
@@ -212,13 +213,10 @@ def _update_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw:
         applied = _apply_changes(connection, store, raw, store.absolute(next(iter(now))), loaded_version)
         if applied is not None:
             return applied
-    changed = [path for path, identity in now.items() if before.get(path) != identity]
-    gone = set(before) - set(now)
     partitioned = raw.file is None and raw.pattern is None
-    touched = sorted({partition_of(path) for path in (*changed, *gone)}) if partitioned else []
+    touched = _touched_partitions(now, before) if partitioned else []
     if partitioned and same_columns and len(touched) * 2 <= max(len(now), 1):
-        connection.register("touched", pa.table({"company": [company for company, _ in touched],
-                                                 "quarter": [date.fromisoformat(quarter) for _, quarter in touched]}))
+        connection.register("touched", _partition_table(touched))
         connection.execute(f"DELETE FROM raw.{raw.name} AS t USING touched AS p WHERE t.company = p.company AND t.quarter = p.quarter")
         connection.unregister("touched")
         replaced = set(touched)
@@ -230,6 +228,18 @@ def _update_raw(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw:
             pass
     _load_raw(connection, store, raw, {store.absolute(path): size for path, (size, _) in now.items()})
     return "reloaded"
+
+
+def _touched_partitions(now: dict[str, tuple[int, int]], before: dict[str, tuple[int, int]]) -> list[tuple[str, str]]:
+    """The (company, quarter) of every partition file of a table that changed, came or went
+    since it was loaded (`before`)."""
+    changed = [path for path, identity in now.items() if before.get(path) != identity]
+    return sorted({partition_of(path) for path in (*changed, *(set(before) - set(now)))})
+
+
+def _partition_table(partitions: list[tuple[str, str]]) -> pa.Table:
+    return pa.table({"company": pa.array([company for company, _ in partitions], pa.string()),
+                     "quarter": pa.array([date.fromisoformat(quarter) for _, quarter in partitions], pa.date32())})
 
 
 def _apply_changes(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable, path: PurePath,
@@ -267,6 +277,128 @@ def _apply_changes(connection: duckdb.DuckDBPyConnection, store: ParquetStore, r
     return f"{gone:,} row(s) deleted, {new:,} inserted"
 
 
+# `facts` (sql/facts.sql) is the one table among the models, and a new quarter changes a few of
+# its rows: a copied file keeps it and replaces the rows of the events that changed, instead of
+# joining every row again. A fact's row is a function of its event's rows in the partitioned
+# tables below, and of the rows keyed in the global ones that the row reads. Its relevance, which
+# moves on every row when the latest call does, is updated in place.
+FACTS_MODEL = "facts"
+FACT_PARTITIONED = ("events", "triplets", "transcripts")
+# per global table: its key, what a facts row reads of it (over its alias `{t}`), and the events
+# whose rows read a key (from the view `changed` of the keys whose rows changed, came or went)
+FACT_GLOBAL = {
+    "event_invalidations": ("event_id", "ROW({t}.invalid_at, {t}.expired_at, {t}.invalidated_by, {t}.end_evidence, "
+                                        "{t}.end_reason)", "SELECT key FROM changed"),
+    "fact_relevance": ("event_id", "{t}.archive_reason IS NULL", "SELECT key FROM changed"),
+    "entity_resolution": ("entity_id", "{t}.canonical_id",
+                          "SELECT event_id FROM raw.triplets SEMI JOIN changed ON subject_entity_id = key "
+                          "UNION ALL SELECT event_id FROM raw.triplets SEMI JOIN changed ON object_entity_id = key"),
+    "canonical_entities": ("canonical_id", "{t}.name",  # the rows naming it now are the facts rows holding its id
+                           "SELECT event_id FROM main.facts SEMI JOIN changed ON subject_id = key "
+                           "UNION ALL SELECT event_id FROM main.facts SEMI JOIN changed ON object_id = key"),
+}
+# Past this share of the events changed, the table is built again instead.
+MAX_FACT_CHANGES = 0.5
+
+
+class FactsInPlace:
+    """Updating the `facts` table of a copied file for the events that changed (see FACTS_MODEL).
+
+    `prepare` runs before the raw tables are updated: it notes the events of the partitions
+    about to be replaced, and keeps each global table about to be reloaded as
+    `raw._before_<name>`. `collect` runs after: it adds the replaced partitions' events now,
+    and the events whose rows read a key of a global table whose row changed, and drops the
+    kept tables. `apply` then deletes those events' rows and inserts them again from the
+    model's own query, with the views `events` and `triplets` narrowed to them."""
+
+    def __init__(self, connection: duckdb.DuckDBPyConnection, kept: list[str]) -> None:
+        self.connection, self.kept = connection, kept
+
+    @classmethod
+    def prepare(cls, connection: duckdb.DuckDBPyConnection, models: list[SqlModel], sources: dict[str, dict[str, tuple[int, int]]],
+                before: dict[str, dict[str, tuple[int, int]]]) -> FactsInPlace | None:
+        """None when the copied file has no `facts` table to keep (or lacks a table it reads), or
+        the model is not a table made by one query."""
+        facts = next((m for m in models if m.name == FACTS_MODEL), None)
+        if facts is None or facts.kind != "TABLE" or _table_query(facts) is None or not connection.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'main' AND table_name = ? "
+                "AND table_type = 'BASE TABLE'", [FACTS_MODEL]).fetchall()[0][0]:
+            return None
+        kept = [name for name in FACT_GLOBAL if sources.get(name) != before.get(name)]
+        published = {name for (name,) in connection.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'raw'").fetchall()}
+        if not {*kept, *FACT_PARTITIONED} <= published:  # a table the file does not hold yet: built again
+            return None
+        partitions = sorted({partition for name in FACT_PARTITIONED
+                             for partition in _touched_partitions(sources.get(name, {}), before.get(name, {}))})
+        connection.register("_fact_partition_rows", _partition_table(partitions))
+        connection.execute("CREATE TEMP TABLE _fact_partitions AS SELECT * FROM _fact_partition_rows")
+        connection.unregister("_fact_partition_rows")
+        connection.execute("CREATE TEMP TABLE _fact_events AS SELECT e.event_id FROM raw.events e "
+                           "SEMI JOIN _fact_partitions p ON e.company = p.company AND e.quarter = p.quarter")
+        for name in kept:
+            connection.execute(f"ALTER TABLE raw.{name} RENAME TO _before_{name}")
+        return cls(connection, kept)
+
+    def collect(self, done: dict[str, str]) -> bool:
+        """Whether `facts` can be updated in place (`done`: what the publish did to each raw
+        table): no partitioned table it reads was reloaded whole, and at most MAX_FACT_CHANGES
+        of the events changed."""
+        connection = self.connection
+        try:
+            if any(done.get(name) not in (None, "kept") and not done[name].endswith("partition(s) replaced")
+                   for name in FACT_PARTITIONED):
+                return False
+            connection.execute("INSERT INTO _fact_events SELECT e.event_id FROM raw.events e "
+                               "SEMI JOIN _fact_partitions p ON e.company = p.company AND e.quarter = p.quarter")
+            for name in self.kept:
+                key, value, events = FACT_GLOBAL[name]
+                connection.execute(f"""
+                    INSERT INTO _fact_events SELECT * FROM (
+                        WITH changed AS (
+                            SELECT coalesce(n.{key}, o.{key}) AS key FROM raw.{name} n FULL JOIN raw._before_{name} o ON n.{key} = o.{key}
+                            WHERE n.{key} IS NULL OR o.{key} IS NULL OR ({value.format(t="n")}) IS DISTINCT FROM ({value.format(t="o")}))
+                        {events})""")
+            connection.execute("CREATE TEMP TABLE _fact_scope AS SELECT DISTINCT event_id FROM _fact_events")
+            changed, events = connection.execute("SELECT count(*), (SELECT count(*) FROM raw.events) FROM _fact_scope").fetchall()[0]
+            return changed <= MAX_FACT_CHANGES * events
+        except (duckdb.BinderException, duckdb.CatalogException):  # a table's columns changed: built again
+            return False
+        finally:
+            for name in self.kept:
+                connection.execute(f"DROP TABLE IF EXISTS raw._before_{name}")
+
+    def apply(self, facts: SqlModel) -> str:
+        """Replace the changed events' rows of `facts` and update every row's relevance: what
+        was done, in a few words."""
+        connection = self.connection
+        events = connection.execute("SELECT count(*) FROM _fact_scope").fetchall()[0][0]
+        deleted = connection.execute("DELETE FROM main.facts WHERE event_id IN (SELECT event_id FROM _fact_scope)").fetchall()[0][0]
+        database = connection.execute("SELECT current_database()").fetchall()[0][0]
+        try:  # temporary views come first in name resolution: the model's query reads these
+            for view in ("events", "triplets"):
+                connection.execute(f'CREATE TEMP VIEW {view} AS SELECT v.* FROM _fact_scope JOIN "{database}".main.{view} v '
+                                   "USING (event_id)")
+            inserted = connection.execute(f"INSERT INTO main.facts {_table_query(facts)}").fetchall()[0][0]
+        finally:
+            for view in ("events", "triplets"):
+                connection.execute(f"DROP VIEW IF EXISTS temp.main.{view}")
+        relevance = connection.execute("UPDATE main.facts AS f SET relevance = r.relevance FROM raw.fact_relevance r "
+                                       "WHERE f.event_id = r.event_id AND f.relevance IS DISTINCT FROM r.relevance").fetchall()[0][0]
+        _record_model(connection, facts)
+        return (f"{events:,} event(s) replaced ({deleted:,} row(s) deleted, {inserted:,} inserted), "
+                f"{relevance:,} relevance(s) updated")
+
+
+def _table_query(sql_model: SqlModel) -> str | None:
+    """The query a table model creates its table from (None when it is not one statement of
+    that shape)."""
+    found = re.search(rf"\bCREATE\s+OR\s+REPLACE\s+TABLE\s+\"?{sql_model.name}\"?\s+AS\b(.*)$", sql_model.sql,
+                      re.IGNORECASE | re.DOTALL)
+    query = found[1].strip().removesuffix(";") if found else None
+    return query if query and ";" not in query else None
+
+
 def register_raw(connection: duckdb.DuckDBPyConnection, raw_tables: dict[str, pa.Table]) -> None:
     """Expose in-memory Arrow tables as `raw.<name>` so the SQL models can run on them."""
     connection.execute("CREATE SCHEMA IF NOT EXISTS raw")
@@ -291,9 +423,12 @@ def apply_model(connection: duckdb.DuckDBPyConnection, sql_model: SqlModel, reco
             connection.execute(f'DROP {"VIEW" if existing[0] == "VIEW" else "TABLE"} main."{sql_model.name}"')
     connection.execute(sql_model.sql)
     if record:
-        connection.execute(
-            "INSERT OR REPLACE INTO raw.sql_models VALUES (?, ?, ?)", [sql_model.name, sql_model.sha256, sql_model.description]
-        )
+        _record_model(connection, sql_model)
+
+
+def _record_model(connection: duckdb.DuckDBPyConnection, sql_model: SqlModel) -> None:
+    connection.execute("INSERT OR REPLACE INTO raw.sql_models VALUES (?, ?, ?)",
+                       [sql_model.name, sql_model.sha256, sql_model.description])
 
 
 @dataclass
@@ -305,6 +440,7 @@ class PublishResult:
     stamp: Stamp | None = None
     incremental: bool = False  # updated from a copy of the last file rather than built fresh
     tables: dict[str, str] = field(default_factory=dict)  # what was done to each raw table
+    in_place: dict[str, str] = field(default_factory=dict)  # what was done to each model table updated in place
     # seconds each part took: the copy of the last file, each raw table and model, the checkpoint
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -314,7 +450,8 @@ class PublishResult:
             return "fresh"
         done = Counter(what if what in ("kept", "reloaded") else "updated" for what in self.tables.values())
         return (f"incremental: {done['updated']} table(s) updated (by partition or by their changes), "
-                f"{done['reloaded']} reloaded, {done['kept']} kept")
+                f"{done['reloaded']} reloaded, {done['kept']} kept"
+                + "".join(f"; {name} updated in place" for name in self.in_place))
 
 
 @dataclass
@@ -440,6 +577,7 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
             connection.execute("CREATE OR REPLACE TABLE raw.build_info (key VARCHAR PRIMARY KEY, value VARCHAR)")
             build_info = {"code_version": code_version, **({"stamp": stamp.to_json()} if stamp is not None else {}), **(info or {})}
             connection.executemany("INSERT INTO raw.build_info VALUES (?, ?)", list(build_info.items()))
+            facts = FactsInPlace.prepare(connection, models, sources, before) if before is not None else None
             for raw in raw_tables:
                 with clock(f"raw.{raw.name}"):
                     if before is None:
@@ -452,7 +590,8 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
                 result.raw_rows[raw.name] = connection.execute(f"SELECT count(*) FROM raw.{raw.name}").fetchall()[0][0]
             for table in sorted(set(before or {}) - set(sources)):  # a table tkg no longer publishes
                 connection.execute(f"DROP TABLE IF EXISTS raw.{table}")
-            connection.execute("INSERT INTO raw.build_info VALUES ('publish', ?)", [result.summary()])
+            if facts is not None and not facts.collect(result.tables):
+                facts = None
             connection.register("loaded", pa.Table.from_pylist(
                 [{"table_name": name, "path": path, "size": size, "mtime_ns": mtime, "version": versions.get(name)}
                  for name, files in sources.items() for path, (size, mtime) in files.items()], schema=LOADED_FILES))
@@ -460,8 +599,12 @@ def publish(store: ParquetStore, target: Path, raw_tables: list[RawTable], model
             connection.unregister("loaded")
             for model in models:
                 with clock(f"model.{model.name}"):
-                    apply_model(connection, model)
+                    if facts is not None and model.name == FACTS_MODEL:
+                        result.in_place[model.name] = facts.apply(model)
+                    else:
+                        apply_model(connection, model)
                 result.models.append(model.name)
+            connection.execute("INSERT INTO raw.build_info VALUES ('publish', ?)", [result.summary()])
             if check is not None:
                 check(connection)
             with clock("checkpoint"):
