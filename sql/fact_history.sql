@@ -16,18 +16,22 @@ WITH keyed AS (
                PARTITION BY fact_key ORDER BY began, call_date, event_id) AS period
     FROM ordered
 ), merged AS (
+    -- first and last in the periods' own order (began, call_date, event_id), whatever order the
+    -- rows of `facts` are stored in; subject_id, predicate, object_id and value make the fact_key
     SELECT fact_key, period,
-           arg_min(company, began) AS company, arg_min(subject, began) AS subject, any_value(subject_id) AS subject_id,
-           any_value(predicate) AS predicate, arg_min(object, began) AS object, any_value(object_id) AS object_id,
+           arg_min(company, (began, call_date, event_id)) AS company, arg_min(subject, (began, call_date, event_id)) AS subject,
+           any_value(subject_id) AS subject_id, any_value(predicate) AS predicate,
+           arg_min(object, (began, call_date, event_id)) AS object, any_value(object_id) AS object_id,
            any_value(value) AS value, min(began) AS began_at, max(call_date) AS last_restated_on,
            count(*) AS restatements, count(DISTINCT company) AS companies,
-           arg_min(event_id, began) AS first_event_id, arg_min(statement, began) AS first_statement,
-           arg_max(event_id, began) AS last_event_id,
+           arg_min(event_id, (began, call_date, event_id)) AS first_event_id,
+           arg_min(statement, (began, call_date, event_id)) AS first_statement,
+           arg_max(event_id, (began, call_date, event_id)) AS last_event_id,
            CASE WHEN bool_and(invalid_at IS NOT NULL) THEN max(invalid_at) END AS ended_at,
            -- the ending of the last event to end: by which statement, or inferred from absence
            CASE WHEN bool_and(invalid_at IS NOT NULL)
                 THEN arg_max({'by': invalidated_by, 'evidence': end_evidence, 'reason': end_reason},
-                             invalid_at) END AS ending,
+                             (invalid_at, event_id)) END AS ending,
            list(event_id ORDER BY began, event_id) AS event_ids
     FROM periods
     GROUP BY fact_key, period

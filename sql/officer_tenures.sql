@@ -16,8 +16,8 @@ WITH tenures AS (
 -- An interim tenure that nothing ended closes when the next permanent tenure of the same office
 -- starts (the permanent holder may be the interim one, named again without 'interim').
 permanent_after AS (
-    SELECT i.fact_id, arg_min(p.started_at, p.started_at) AS started_at, arg_min(p.first_event_id, p.started_at) AS event_id,
-           arg_min(p.first_statement, p.started_at) AS statement
+    SELECT i.fact_id, min(p.started_at) AS started_at, arg_min(p.first_event_id, (p.started_at, p.fact_id)) AS event_id,
+           arg_min(p.first_statement, (p.started_at, p.fact_id)) AS statement
     FROM tenures AS i JOIN tenures AS p ON p.office = i.office AND p.started_at > i.started_at
     WHERE i.ended_at IS NULL AND lower(i.title) LIKE '%interim%' AND lower(coalesce(p.title, '')) NOT LIKE '%interim%'
     GROUP BY i.fact_id

@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tkg.answer.pictures import subgraph_rows
+from tkg.answer.query import EntityMatch, Graph
 from tkg.build.catalog import raw_tables
 from tkg.core import tables
 from tkg.core.versions import Stamp, stamp_of_schema, stamped
@@ -281,3 +283,37 @@ def test_a_table_with_changes_applies_them_to_the_version_loaded_and_reloads_oth
     assert publish(store, target, raw_tables()).tables["invalidation_judgments"] == "reloaded"
     assert published_judgments() == as_rows(rows)
     assert published_rows(target) == published_rows(publish(store, tmp_path / "fresh2.duckdb", raw_tables()).path)
+
+
+
+def test_the_views_over_facts_do_not_depend_on_the_order_its_rows_are_stored_in(sample_home, tmp_path):
+    """A publish that updates `facts` in place appends the rows it replaces, so its rows are
+    stored in an order that depends on the build's history: every view over it gives the same
+    rows in any order. Here every role fact is restated by a second event at the same moment of
+    the same call, retired by another statement at the same time: which restatement comes first
+    or last, and which ending, is told by time and then by id, never by where a row is stored."""
+    target = tmp_path / "tkg.duckdb"
+    publish(ParquetStore(sample_home), target, raw_tables())
+    tied = ("SELECT * REPLACE (event_id || '-again' AS event_id, triplet_id || '-again' AS triplet_id, "
+            "'a restatement at the same moment' AS statement, invalidated_by || '-again' AS invalidated_by) "
+            "FROM facts WHERE predicate = 'HOLDS_ROLE'")
+    # and one stating another title at the same moment: which value a pair of entities last
+    # stated is told by time, then by triplet
+    retitled = ("SELECT * REPLACE (event_id || '-retitled' AS event_id, triplet_id || '-retitled' AS triplet_id, "
+                "value || ' (acting)' AS value) FROM facts WHERE predicate = 'HOLDS_ROLE' AND value IS NOT NULL")
+    with duckdb.connect(str(target)) as connection:
+        assert connection.execute(f"SELECT count(*), count(invalidated_by) FROM ({tied})").fetchall()[0] > (10, 0)
+        people = [row[0] for row in connection.execute(f"SELECT DISTINCT subject_id FROM ({retitled}) ORDER BY 1").fetchall()]
+        assert people
+        connection.execute(f"INSERT INTO facts {tied} UNION ALL {retitled}")
+    orders = []
+    for order in ("triplet_id", "triplet_id DESC"):
+        with duckdb.connect(str(target)) as connection:
+            connection.execute(f"CREATE OR REPLACE TABLE facts AS SELECT * FROM facts ORDER BY {order}")
+        graph = Graph.open(target)
+        orders.append({**{name: graph.connection.execute(f"SELECT * FROM {name} ORDER BY ALL").fetchall()
+                          for name in ("fact_history", "officer_tenures", "officers")},
+                       **{person: subgraph_rows(graph, EntityMatch(person, person, "PERSON", person, "id", 100.0, 1))
+                          for person in people}})
+        graph.connection.close()
+    assert orders[0] == orders[1] and orders[0]["officer_tenures"]

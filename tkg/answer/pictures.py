@@ -197,7 +197,7 @@ def subgraph_rows(graph: Graph, match: EntityMatch, as_of: Any = None, limit: in
         f"""
         WITH latest AS (
             SELECT subject_id, any_value(subject) AS subject, object_id, any_value(object) AS object, predicate,
-                   arg_max(value, call_date) FILTER (WHERE value IS NOT NULL) AS value, max(call_date) AS last_stated
+                   arg_max(value, (call_date, triplet_id)) FILTER (WHERE value IS NOT NULL) AS value, max(call_date) AS last_stated
             FROM facts
             WHERE (subject_id = $id OR object_id = $id) AND subject_id IS NOT NULL AND object_id IS NOT NULL
               AND {_VALID_AT_SQL} AND {_NAMED_SQL.format(column="subject")} AND {_NAMED_SQL.format(column="object")}
@@ -221,7 +221,7 @@ def officer_rows(graph: Graph, match: EntityMatch, as_of: Any = None, limit: int
     started first."""
     return graph.rows(
         """
-        SELECT person_id, any_value(person) AS person, office_id, any_value(office) AS office, any_value(title) AS title,
+        SELECT person_id, any_value(person) AS person, office_id, any_value(office) AS office, arg_min(title, (started_at, fact_id)) AS title,
                any_value(organization) AS organization, min(started_at) AS started_at
         FROM officer_tenures
         WHERE (organization = $name OR person_id = $id) AND person_id IS NOT NULL AND office_id IS NOT NULL
