@@ -83,6 +83,9 @@ def test_full_sample_graph_with_checks(resources, instance):
     result = materialise_global_half(resources, instance)
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert evaluations == {check.name: True for check in CHECKS}
+    # what the publish did, in the UI: a first file is fresh, no table of it kept in place
+    (published,) = result.asset_materializations_for_node(GLOBAL_ASSETS[-1].op.name)
+    assert published.metadata["publish"].value == "fresh" and published.metadata["in_place"].value == {}
 
     with duckdb.connect(str(Path(resources["storage"].home) / "tkg.duckdb"), read_only=True) as connection:
         cfo = connection.execute(

@@ -86,7 +86,7 @@ def publish_checked(context: dg.OpExecutionContext | dg.AssetExecutionContext,
     metadata = {"path": dg.MetadataValue.path(str(published.path)), "size_bytes": published.size_bytes,
                 "raw_rows": dg.MetadataValue.json(published.raw_rows), "models": ", ".join(published.models),
                 "publish": published.summary(), "raw_tables": dg.MetadataValue.json(published.tables),
-                "seconds": dg.MetadataValue.json(published.seconds)}
+                "in_place": dg.MetadataValue.json(published.in_place), "seconds": dg.MetadataValue.json(published.seconds)}
     growth = _growth_markdown(context, published.path)
     if growth is not None:
         metadata["growth"] = growth
