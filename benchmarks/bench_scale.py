@@ -76,7 +76,8 @@ def _worker_step(step: str, shard: str | None, root: Path, shards: int) -> int:
     start = time.time()
     if step == "warehouse":
         published = run_warehouse(settings, root / "tkg.duckdb")
-        counts = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2), "seconds": published.seconds}
+        counts = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2), "seconds": published.seconds,
+                  "in_place": published.in_place}
     elif step == "truth_resolution":
         counts = write_truth_resolution(settings.store())
     else:
@@ -167,7 +168,7 @@ def _worker_pass(root: Path, shards: int) -> int:
         clock.start("warehouse")
         published = run_warehouse(settings, root / "tkg.duckdb")
         clock.steps["warehouse"]["counts"] = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2),
-                                              "seconds": published.seconds}
+                                              "seconds": published.seconds, "in_place": published.in_place}
     except Exception as error:  # noqa: BLE001 - the failing step is the result, reported with the steps before it
         failure = f"{clock.current}: {type(error).__name__}: {getattr(error, 'description', None) or error}"
         if clock.current:
