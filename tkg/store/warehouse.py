@@ -383,8 +383,10 @@ class FactsInPlace:
         finally:
             for view in ("events", "triplets"):
                 connection.execute(f"DROP VIEW IF EXISTS temp.main.{view}")
-        relevance = connection.execute("UPDATE main.facts AS f SET relevance = r.relevance FROM raw.fact_relevance r "
-                                       "WHERE f.event_id = r.event_id AND f.relevance IS DISTINCT FROM r.relevance").fetchall()[0][0]
+        relevance = 0  # the rows inserted have today's; the others move only when the table was reloaded
+        if "fact_relevance" in self.kept:
+            relevance = connection.execute("UPDATE main.facts AS f SET relevance = r.relevance FROM raw.fact_relevance r WHERE "
+                                           "f.event_id = r.event_id AND f.relevance IS DISTINCT FROM r.relevance").fetchall()[0][0]
         _record_model(connection, facts)
         return (f"{events:,} event(s) replaced ({deleted:,} row(s) deleted, {inserted:,} inserted), "
                 f"{relevance:,} relevance(s) updated")
