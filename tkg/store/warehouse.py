@@ -346,8 +346,7 @@ class FactsInPlace:
         of the events changed."""
         connection = self.connection
         try:
-            if any(done.get(name) not in (None, "kept") and not done[name].endswith("partition(s) replaced")
-                   for name in FACT_PARTITIONED):
+            if any(done.get(name) == "reloaded" for name in FACT_PARTITIONED):  # else kept, or by partition
                 return False
             connection.execute("INSERT INTO _fact_events SELECT e.event_id FROM raw.events e "
                                "SEMI JOIN _fact_partitions p ON e.company = p.company AND e.quarter = p.quarter")
