@@ -22,6 +22,15 @@ needs_corpus = pytest.mark.skipif(
 needs_gold = pytest.mark.skipif(not GOLD_DEV.exists(), reason=f"the gold questions are not at {GOLD_DEV}")
 
 
+def pytest_report_header(config):
+    """The free space where the tests write, so that a run that fills the disk says so at its top."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.gettempdir()
+    return f"free disk in {folder}: {shutil.disk_usage(folder).free / 2**30:.1f} GiB (the suite writes about 2 GiB)"
+
+
 def offline_runtime(home: Path):
     """What the offline path builds with, into data folder `home` (rules, wordllama)."""
     from tkg.build.stages import Runtime
