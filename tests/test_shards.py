@@ -579,3 +579,38 @@ def test_a_shard_rewritten_with_the_same_version_reloads_the_published_judgments
     assert publish(runtime.store, target, raw_tables()).tables["invalidation_judgments"] == "reloaded"
     fresh = publish(runtime.store, tmp_path / "fresh.duckdb", raw_tables())
     assert published_rows(target) == published_rows(fresh.path)
+
+
+@needs_corpus
+def test_facts_archived_by_a_new_quarter_leave_the_facts_in_place_as_a_fresh_publish_leaves_them(two_companies, tmp_path,
+                                                                                                 monkeypatch):
+    """With archiving on, a new call moves "now" forward, so opinions and predictions pass
+    their time-to-live: the publish moves their rows from `facts` to `facts_archive` in place,
+    and the file equals a fresh publish of the same store."""
+    settings = tmp_path / "retention.yaml"
+    settings.write_text(yaml.safe_dump({"enabled": True, "ttl_days": {"OPINION": 400, "PREDICTION": 400}}))
+    monkeypatch.setenv("TKG_RETENTION", str(settings))
+    newest = max(path.name for path in (two_companies / "parquet" / "transcripts").glob("company=*/quarter=*"))
+    home = tmp_path / "home"
+    shutil.copytree(two_companies, home, ignore=lambda folder, names: [name for name in names if name == newest])
+    finish_graph(_runtime(home, 3), publish_to=home / "tkg.duckdb")
+
+    def archived() -> set[str]:
+        with duckdb.connect(str(home / "tkg.duckdb"), read_only=True) as connection:
+            return {event for (event,) in connection.execute("SELECT DISTINCT event_id FROM facts_archive").fetchall()}
+
+    before = archived()
+    assert before  # the time-to-live archives facts already
+    for folder in (two_companies / "parquet").glob(f"*/company=*/{newest}"):
+        shutil.copytree(folder, home / folder.relative_to(two_companies))
+    report = finish_graph(_runtime(home, 3), publish_to=home / "tkg.duckdb")
+    after = archived()
+    assert before < after  # archived by the new quarter, and none brought back
+    replaced = re.match(r"([\d,]+) event\(s\) replaced", report.publish.in_place["facts"])
+    assert replaced and int(replaced[1].replace(",", "")) >= len(after - before)
+    with duckdb.connect(str(home / "tkg.duckdb"), read_only=True) as connection:
+        left = connection.execute("SELECT count(*) FROM facts WHERE event_id IN (SELECT event_id FROM facts_archive)").fetchall()
+    assert left == [(0,)]
+    fresh = publish(ParquetStore(home), tmp_path / "fresh.duckdb", raw_tables())
+    assert fresh.in_place == {}
+    assert published_rows(home / "tkg.duckdb") == published_rows(fresh.path)
