@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -75,12 +76,21 @@ def run_tkg(home: Path, *args: str, env: dict | None = None, timeout: float = 90
 
 
 @pytest.fixture(scope="session")
-def corpus_home(tmp_path_factory):
-    """The whole real corpus built once per session with `tkg build`, offline (about 90 s)."""
+def corpus_home(tmp_path_factory, worker_id):
+    """The whole real corpus built once per run with `tkg build`, offline (about 70 s). Every
+    test worker (pytest-xdist runs each as a session of its own) shares the one folder: the
+    first to ask builds it while the others wait. Tests only read it, or copy from it."""
     if not CORPUS.exists():
         pytest.skip(f"the real corpus is not at {CORPUS}")
-    home = tmp_path_factory.mktemp("corpus")
-    run_tkg(home, "build", "--source", str(CORPUS), timeout=1800, check=True)
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    home, built = shared / "corpus", shared / "corpus.built"
+    with FileLock(str(shared / "corpus.lock")):
+        if not built.exists():
+            shutil.rmtree(home, ignore_errors=True)  # what a worker whose build failed left
+            run_tkg(home, "build", "--source", str(CORPUS), timeout=1800, check=True)
+            built.touch()
     return home
 
 
