@@ -29,7 +29,7 @@ def pytest_report_header(config):
     import tempfile
 
     folder = tempfile.gettempdir()
-    return f"free disk in {folder}: {shutil.disk_usage(folder).free / 2**30:.1f} GiB (the suite writes about 2 GiB)"
+    return f"free disk in {folder}: {shutil.disk_usage(folder).free / 2**30:.1f} GiB (the suite needs about 1 GiB there at its peak)"
 
 
 def offline_runtime(home: Path):
