@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,11 +26,9 @@ needs_gold = pytest.mark.skipif(not GOLD_DEV.exists(), reason=f"the gold questio
 
 def pytest_report_header(config):
     """The free space where the tests write, so that a run that fills the disk says so at its top."""
-    import shutil
-    import tempfile
-
     folder = tempfile.gettempdir()
-    return f"free disk in {folder}: {shutil.disk_usage(folder).free / 2**30:.1f} GiB (the suite needs about 1 GiB there at its peak)"
+    free = shutil.disk_usage(folder).free / 2**30
+    return f"free disk in {folder}: {free:.1f} GiB (the suite needs about 1 GiB there at its peak)"
 
 
 def offline_runtime(home: Path):
