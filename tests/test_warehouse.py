@@ -285,7 +285,6 @@ def test_a_table_with_changes_applies_them_to_the_version_loaded_and_reloads_oth
     assert published_rows(target) == published_rows(publish(store, tmp_path / "fresh2.duckdb", raw_tables()).path)
 
 
-
 def test_the_views_over_facts_do_not_depend_on_the_order_its_rows_are_stored_in(sample_home, tmp_path):
     """A publish that updates `facts` in place appends the rows it replaces, so its rows are
     stored in an order that depends on the build's history: every view over it gives the same
@@ -310,10 +309,9 @@ def test_the_views_over_facts_do_not_depend_on_the_order_its_rows_are_stored_in(
     for order in ("triplet_id", "triplet_id DESC"):
         with duckdb.connect(str(target)) as connection:
             connection.execute(f"CREATE OR REPLACE TABLE facts AS SELECT * FROM facts ORDER BY {order}")
-        graph = Graph.open(target)
-        orders.append({**{name: graph.connection.execute(f"SELECT * FROM {name} ORDER BY ALL").fetchall()
-                          for name in ("fact_history", "officer_tenures", "officers")},
-                       **{person: subgraph_rows(graph, EntityMatch(person, person, "PERSON", person, "id", 100.0, 1))
-                          for person in people}})
-        graph.connection.close()
+        with Graph.open(target) as graph:
+            orders.append({**{name: graph.connection.execute(f"SELECT * FROM {name} ORDER BY ALL").fetchall()
+                              for name in ("fact_history", "officer_tenures", "officers")},
+                           **{person: subgraph_rows(graph, EntityMatch(person, person, "PERSON", person, "id", 100.0, 1))
+                              for person in people}})
     assert orders[0] == orders[1] and orders[0]["officer_tenures"]
