@@ -67,6 +67,12 @@ def _settings(root: Path, shards: int):
     return Settings.resolve(home=root, backend="offline", embeddings="wordllama", shards=shards)
 
 
+def _publish_counts(published) -> dict:
+    """What a publish did: its rows and size, each raw table's update, its parts' seconds."""
+    return {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2), "seconds": published.seconds,
+            "raw_tables": published.tables, "in_place": published.in_place}
+
+
 def _worker_step(step: str, shard: str | None, root: Path, shards: int) -> int:
     from tkg.build import catalog
     from tkg.build.graph import run_warehouse
@@ -76,8 +82,7 @@ def _worker_step(step: str, shard: str | None, root: Path, shards: int) -> int:
     start = time.time()
     if step == "warehouse":
         published = run_warehouse(settings, root / "tkg.duckdb")
-        counts = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2), "seconds": published.seconds,
-                  "in_place": published.in_place}
+        counts = _publish_counts(published)
     elif step == "truth_resolution":
         counts = write_truth_resolution(settings.store())
     else:
@@ -167,8 +172,7 @@ def _worker_pass(root: Path, shards: int) -> int:
             materialised[event.asset_key.to_user_string()] += 1
         clock.start("warehouse")
         published = run_warehouse(settings, root / "tkg.duckdb")
-        clock.steps["warehouse"]["counts"] = {"raw_rows": published.raw_rows, "file_gb": round(published.size_bytes / 2**30, 2),
-                                              "seconds": published.seconds, "in_place": published.in_place}
+        clock.steps["warehouse"]["counts"] = _publish_counts(published)
     except Exception as error:  # noqa: BLE001 - the failing step is the result, reported with the steps before it
         failure = f"{clock.current}: {type(error).__name__}: {getattr(error, 'description', None) or error}"
         if clock.current:
