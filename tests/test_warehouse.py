@@ -206,7 +206,7 @@ def test_a_file_of_other_models_or_a_failed_check_is_never_updated_in_place(samp
 
 
 def test_a_table_loaded_in_pieces_equals_one_loaded_at_once_row_for_row(sample_home, tmp_path, monkeypatch):
-    """Raw tables are loaded a few MB of Parquet per statement (one statement over every
+    """Raw tables are loaded a bounded amount of Parquet per statement (one statement over every
     transcript of 5M events held them all in memory); cut down to one file per statement, the
     published file has the same rows, and each table keeps the order of its files."""
     from tkg.store import warehouse
@@ -214,6 +214,7 @@ def test_a_table_loaded_in_pieces_equals_one_loaded_at_once_row_for_row(sample_h
     store = ParquetStore(sample_home)
     whole = publish(store, tmp_path / "whole.duckdb", raw_tables())
     monkeypatch.setattr(warehouse, "LOAD_PIECE_BYTES", 1)
+    monkeypatch.setattr(warehouse, "NARROW_PIECE_BYTES", 1)
     pieces = publish(store, tmp_path / "pieces.duckdb", raw_tables())
     assert pieces.raw_rows == whole.raw_rows and whole.raw_rows["statements"] > 0
     assert published_rows(pieces.path) == published_rows(whole.path)
@@ -221,6 +222,28 @@ def test_a_table_loaded_in_pieces_equals_one_loaded_at_once_row_for_row(sample_h
     with duckdb.connect(str(whole.path), read_only=True) as a, duckdb.connect(str(pieces.path), read_only=True) as b:
         assert a.execute(in_order).fetchall() == b.execute(in_order).fetchall()
         assert a.execute("SELECT triplet_id FROM facts").fetchall() == b.execute("SELECT triplet_id FROM facts").fetchall()
+
+
+def test_wide_rows_are_loaded_in_small_pieces_and_narrow_rows_in_big_ones(sample_home, monkeypatch):
+    """A table whose row group (ROW_GROUP_ROWS) of rows would take more Parquet than
+    WIDE_ROW_GROUP_BYTES is loaded LOAD_PIECE_BYTES at a time, so its unfinished row group stays
+    small; the others NARROW_PIECE_BYTES at a time, so few statements append to a part-full row
+    group. The sample's transcripts are whole calls and its statements a sentence each."""
+    from tkg.store import warehouse
+
+    monkeypatch.setattr(warehouse, "LOAD_PIECE_BYTES", 1)  # small as the sample is, past one piece
+    store = ParquetStore(sample_home)
+
+    def files(asset: str) -> dict:
+        return {path: path.stat().st_size for path in sorted((sample_home / "parquet" / asset).glob(f"company=*/quarter=*/{asset}.parquet"))}
+
+    transcripts, statements = files("transcripts"), files("statements")
+    assert len(transcripts) > 1 and len(statements) > 1
+    assert warehouse.piece_bytes(store, transcripts) == 1
+    assert warehouse.piece_bytes(store, statements) == warehouse.NARROW_PIECE_BYTES
+    # the same rows made wide enough: a row group of them past the bound
+    monkeypatch.setattr(warehouse, "ROW_GROUP_ROWS", warehouse.WIDE_ROW_GROUP_BYTES)
+    assert warehouse.piece_bytes(store, statements) == 1
 
 
 def test_a_table_with_changes_applies_them_to_the_version_loaded_and_reloads_otherwise(sample_home, tmp_path):

@@ -143,10 +143,20 @@ def _raw_source(store: ParquetStore, raw: RawTable) -> dict[PurePath, tuple[int,
     return store.listing(f"{raw.asset}/company=*/quarter=*/{raw.asset}.parquet")
 
 
-# The most Parquet (on disk) one INSERT of a raw table reads. Rows wait in memory until their
-# row group (122,880 rows) is full or the statement ends: one statement over every transcript
-# of 5M events held their 1 GB of text in one unfinished row group and ran out of memory.
+# How much Parquet (on disk) one INSERT of a raw table reads. DuckDB stores a table in row groups
+# of ROW_GROUP_ROWS. Rows wait in memory until their row group is full or the statement ends, so
+# a table of wide rows is loaded LOAD_PIECE_BYTES at a time: one statement over every transcript
+# of 5M events held their 1 GB of text in one unfinished row group and ran out of memory. But a
+# statement that appends to the row group an earlier one left part-full writes that row group
+# again, so a table of narrow rows (one row group of them in at most WIDE_ROW_GROUP_BYTES of
+# Parquet) is loaded NARROW_PIECE_BYTES at a time. A fresh publish of the 1M-event store loaded
+# its events in 24.5-26.6 s in 14 pieces and 9.1-12.2 s in one, into a file 25% smaller
+# (benchmarks/README.md).
 LOAD_PIECE_BYTES = 64 * 2**20
+NARROW_PIECE_BYTES = 2**30
+ROW_GROUP_ROWS = 122_880
+WIDE_ROW_GROUP_BYTES = 256 * 2**20
+SAMPLED_FOOTERS = 16  # the files whose footers tell a table's Parquet per row
 
 
 def _pieces(files: dict[PurePath, int], piece_bytes: int) -> list[list[PurePath]]:
@@ -162,10 +172,24 @@ def _pieces(files: dict[PurePath, int], piece_bytes: int) -> list[list[PurePath]
     return pieces
 
 
+def piece_bytes(store: ParquetStore, files: dict[PurePath, int]) -> int:
+    """How much of `files` (path: size) one INSERT reads: NARROW_PIECE_BYTES when one row group's
+    rows take at most WIDE_ROW_GROUP_BYTES of Parquet (as a sample of the files' footers tells),
+    else LOAD_PIECE_BYTES."""
+    if sum(files.values()) <= LOAD_PIECE_BYTES:
+        return LOAD_PIECE_BYTES  # one piece either way: no footer is read
+    ordered = sorted(files)
+    sample = ordered[::max(1, len(ordered) // SAMPLED_FOOTERS)]
+    rows = sum(store.metadata(path).num_rows for path in sample)
+    if rows and sum(files[path] for path in sample) / rows * ROW_GROUP_ROWS <= WIDE_ROW_GROUP_BYTES:
+        return NARROW_PIECE_BYTES
+    return LOAD_PIECE_BYTES
+
+
 def _insert_files(connection: duckdb.DuckDBPyConnection, store: ParquetStore, raw: RawTable, files: dict[PurePath, int]) -> None:
     """Insert the rows of `files` (path: size) into `raw.<name>`, columns matched by name (a
-    column the files lack is NULL), in pieces of at most LOAD_PIECE_BYTES of Parquet, in order."""
-    for piece in _pieces(files, LOAD_PIECE_BYTES):
+    column the files lack is NULL), in pieces of at most `piece_bytes` of Parquet, in order."""
+    for piece in _pieces(files, piece_bytes(store, files)):
         source = scan(store, connection, piece)  # noqa: F841 (read by name in the SQL below: a relation, or an object store's dataset)
         connection.execute(f"INSERT INTO raw.{raw.name} BY NAME SELECT {_kept_columns(raw)} FROM source")
 
