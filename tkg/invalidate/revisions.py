@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tkg.core import policy, tables
 from tkg.core.companies import fiscal_quarter_bounds, get_company
@@ -75,7 +76,7 @@ def _retirer(guidance: dict, later: list[dict]) -> tuple[dict, str] | None:
     Call by call: a reported actual retires it; a guided value retires it only when no figure of
     that call with an agreeing basis restates its value (a call that guides GAAP and non-GAAP
     EPS at once restates an unstated-basis guidance by one of them, and revises nothing)."""
-    calls: dict[datetime, list[dict]] = defaultdict(list)
+    calls: dict[int, list[dict]] = defaultdict(list)
     for row in later:
         if row["stated_at"] > guidance["stated_at"] and _bases_agree(guidance, row):
             calls[row["stated_at"]].append(row)
@@ -92,18 +93,32 @@ def _retirer(guidance: dict, later: list[dict]) -> tuple[dict, str] | None:
     return None
 
 
-def _period_end(company_ticker: str, fiscal_year: int, fiscal_quarter: int | None) -> datetime | None:
-    """The (exclusive) end of a fiscal period (a year when `fiscal_quarter` is None) on its company's calendar."""
+# A figure's time is read as microseconds since the epoch (UTC): making a datetime of every
+# figure's took two thirds of the time it took to read the figures.
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _micros(moment: datetime) -> int:
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+def _moment(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def _period_end(company_ticker: str, fiscal_year: int, fiscal_quarter: int | None) -> int | None:
+    """The (exclusive) end of a fiscal period (a year when `fiscal_quarter` is None) on its
+    company's calendar, in microseconds since the epoch."""
     try:
         company = get_company(company_ticker)
     except KeyError:
         return None
     _, after = fiscal_quarter_bounds(company.fiscal_year_end_month, fiscal_quarter or 4, fiscal_year)
-    return datetime(after.year, after.month, after.day, tzinfo=timezone.utc)
+    return _micros(datetime(after.year, after.month, after.day, tzinfo=timezone.utc))
 
 
 def _closer(guidance: dict, reported_by_period: dict[tuple, list[dict]], calls: list[dict],
-            ends: dict[tuple, datetime | None]) -> tuple[dict, str] | None:
+            ends: dict[tuple, int | None]) -> tuple[dict, str] | None:
     """Guidance nothing revised or reported closes when its period's results are published: at
     the first later call that reports any figure of the period, or else the first call after the
     period ended (its results were due there). `calls` holds one figure per call, by time."""
@@ -115,10 +130,10 @@ def _closer(guidance: dict, reported_by_period: dict[tuple, list[dict]], calls: 
     after_end = next((c for c in calls if end is not None and c["stated_at"] >= end and c["stated_at"] > guidance["stated_at"]),
                      None)
     if reported is not None and (after_end is None or reported["stated_at"] <= after_end["stated_at"]):
-        return reported, (f"{period_label(guidance)} results reported on {reported['stated_at']:%Y-%m-%d}: the "
+        return reported, (f"{period_label(guidance)} results reported on {_moment(reported['stated_at']):%Y-%m-%d}: the "
                           f"{guidance['metric']} guidance of {describe(guidance)} is closed")
     if after_end is not None:
-        return after_end, (f"{period_label(guidance)} ended before the call of {after_end['stated_at']:%Y-%m-%d}: the "
+        return after_end, (f"{period_label(guidance)} ended before the call of {_moment(after_end['stated_at']):%Y-%m-%d}: the "
                            f"{guidance['metric']} guidance of {describe(guidance)} is closed")
     return None
 
@@ -131,7 +146,9 @@ READ_COLUMNS = ("figure_id", "event_id", "company", "stated_at", "metric", "segm
 def revise_figures(figures: pa.Table) -> FigureRevisions:
     """Retire every guidance figure a later call revised or reported (see the module docstring)."""
     by_period: dict[tuple, list[dict]] = defaultdict(list)
-    rows = figures.select(list(READ_COLUMNS)).to_pylist()
+    read = figures.select(list(READ_COLUMNS))
+    at = read.schema.get_field_index("stated_at")
+    rows = read.set_column(at, "stated_at", pc.cast(pc.cast(read.column(at), pa.timestamp("us", tz="UTC")), pa.int64())).to_pylist()
     for row in rows:
         by_period[_period_key(row)].append(row)
     reported_by_period: dict[tuple, list[dict]] = defaultdict(list)
@@ -145,7 +162,7 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
         calls_of[company].append(row)
     invalidations, judgments = [], []
     retired: dict[str, dict] = {}
-    ends: dict[tuple, datetime | None] = {}
+    ends: dict[tuple, int | None] = {}
     for group in by_period.values():
         group.sort(key=lambda r: (r["stated_at"], r["figure_id"]))
         for row in group:
@@ -155,9 +172,10 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
             if found is None:
                 continue
             winner, reason = found
-            retired[row["figure_id"]] = {"invalid_at": winner["stated_at"], "invalidated_by": winner["event_id"]}
-            invalidations.append({"figure_id": row["figure_id"], "invalid_at": winner["stated_at"],
-                                  "expired_at": winner["stated_at"], "invalidated_by": winner["event_id"],
+            retired_at = _moment(winner["stated_at"])
+            retired[row["figure_id"]] = {"invalid_at": retired_at, "invalidated_by": winner["event_id"]}
+            invalidations.append({"figure_id": row["figure_id"], "invalid_at": retired_at,
+                                  "expired_at": retired_at, "invalidated_by": winner["event_id"],
                                   "invalidated_by_figure": winner["figure_id"], "reason": reason})
             judgments.append({"primary_event_id": row["event_id"], "secondary_event_id": winner["event_id"], "invalidates": True,
                               "reason": reason, "judge": policy.POLICY.figure_judge, "cosine": None, "shared_entity_id": None,
