@@ -156,7 +156,7 @@ LOAD_PIECE_BYTES = 64 * 2**20
 NARROW_PIECE_BYTES = 2**30
 ROW_GROUP_ROWS = 122_880
 WIDE_ROW_GROUP_BYTES = 256 * 2**20
-SAMPLED_FOOTERS = 16  # the files whose footers tell a table's Parquet per row
+SAMPLED_FOOTERS = 16  # about this many files' footers tell a table's Parquet per row
 
 
 def _pieces(files: dict[PurePath, int], piece_bytes: int) -> list[list[PurePath]]:
