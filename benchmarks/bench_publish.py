@@ -1,14 +1,14 @@
-"""Benchmark: a fresh publish of a store's partition tables, with the raw tables loaded as the
-publish loads them now, or all in small pieces as it did before (`--pieces small`: every table
-LOAD_PIECE_BYTES of Parquet per statement), side by side in one tree.
+"""Benchmark: a fresh publish of a store, with the raw tables loaded as the publish loads them
+now, or all in small pieces as it did before (`--pieces small`: every table LOAD_PIECE_BYTES of
+Parquet per statement), side by side in one tree.
 
     python benchmarks/bench_publish.py --store /work/scale1m/events_1000000 --pieces current
     python benchmarks/bench_publish.py --store /work/scale1m/events_1000000 --pieces small
 
 The store is one `bench_scale.py --keep` left (or any tkg home). The global steps' tables are
-published when the store has them, and empty when it does not. The file is written to `--target` (default: a temporary
-folder beside the store) and removed after. Prints one JSON line: the publish's seconds, the
-file's size and the process's peak resident memory.
+published when the store has them, and empty when it does not. The file is written to
+`--target` (default: `bench_publish.duckdb` in the store's folder) and removed after. Prints one
+JSON line: the publish's seconds, the file's size and the process's peak resident memory.
 """
 
 from __future__ import annotations

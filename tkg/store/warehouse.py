@@ -159,12 +159,12 @@ WIDE_ROW_GROUP_BYTES = 256 * 2**20
 SAMPLED_FOOTERS = 16  # about this many files' footers tell a table's Parquet per row
 
 
-def _pieces(files: dict[PurePath, int], piece_bytes: int) -> list[list[PurePath]]:
-    """`files` (path: size) in order, cut into runs of at most `piece_bytes` (at least one file each)."""
+def _pieces(files: dict[PurePath, int], limit: int) -> list[list[PurePath]]:
+    """`files` (path: size) in order, cut into runs of at most `limit` bytes (at least one file each)."""
     pieces: list[list[PurePath]] = []
     size = 0
     for path in sorted(files):
-        if not pieces or size + files[path] > piece_bytes:
+        if not pieces or size + files[path] > limit:
             pieces.append([])
             size = 0
         pieces[-1].append(path)
