@@ -40,6 +40,15 @@ from tkg.store.warehouse import apply_model, model, register_raw
 
 WINNERS = tables.RETIREMENTS  # each primary's earliest retirer in one shard; all shards' meet in `retirements`
 
+# Each primary's earliest retirer among the pairs judged to retire it, over a table of
+# `judgments` and one of `events` (event_id, valid_at): the earliest valid_at, ties on the event id.
+EARLIEST_RETIRER_SQL = """
+    SELECT j.primary_event_id AS event_id, f.valid_at AS invalid_at, j.secondary_event_id AS invalidated_by
+    FROM {judgments} j JOIN {events} f ON f.event_id = j.secondary_event_id
+    WHERE j.invalidates
+    QUALIFY row_number() OVER (PARTITION BY j.primary_event_id ORDER BY f.valid_at, j.secondary_event_id) = 1
+    ORDER BY event_id"""
+
 
 @dataclass
 class InvalidationResult:
@@ -109,12 +118,14 @@ JUDGE_SLICE = 20_000
 
 def judge_pairs(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, judge: Judge) -> tuple[pa.Table, pa.Table, Counter]:
     """Phase 3: the judge's verdict on every pair (one request per primary event for all its
-    candidates), and each primary's earliest retirer among the pairs it said retire it.
-    Returns (judgments, winners, counts)."""
+    candidates, or the whole table at once for a judge with `judge_table`), and each primary's
+    earliest retirer among the pairs it said retire it. Returns (judgments, winners, counts)."""
     counts: Counter = Counter(candidate_pairs=pairs.num_rows)
     if pairs.num_rows == 0:
         return tables.INVALIDATION_JUDGMENTS.empty_table(), WINNERS.empty_table(), counts
     pairs = pairs.sort_by([("primary_event_id", "ascending")])
+    if hasattr(judge, "judge_table"):  # a judge that takes the pairs as a table (the rule judge)
+        return _judge_table(pairs, facts, resolved_triplets, judge, counts)
     primary_ids = pairs.column("primary_event_id")
     starts = run_starts(pc.dictionary_encode(primary_ids).combine_chunks().indices.to_numpy(zero_copy_only=False))
     bounds = [*starts[::JUDGE_SLICE].tolist(), pairs.num_rows]
@@ -125,6 +136,24 @@ def judge_pairs(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, j
     counts["true_verdicts"] += 0  # counted even when none
     winner_rows = [{"event_id": p, "invalid_at": s.valid_at, "invalidated_by": s.event_id} for p, s in sorted(winners.items())]
     return pa.concat_tables(judged), tables.to_table(winner_rows, WINNERS), counts
+
+
+def _judge_table(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, judge: Judge,
+                 counts: Counter) -> tuple[pa.Table, pa.Table, Counter]:
+    """`judge_pairs` by a judge's `judge_table`: the same judgments, rows and winners, made as
+    columns rather than a Python object per pair."""
+    invalidates, reasons = judge.judge_table(pairs, facts, resolved_triplets)
+    judgments = pa.table({**{name: pairs.column(name) for name in ("primary_event_id", "secondary_event_id")},
+                          "invalidates": invalidates, "reason": reasons,
+                          "judge": pa.repeat(pa.scalar(judge.name, pa.string()), pairs.num_rows),
+                          **{name: pairs.column(name) for name in ("cosine", "shared_entity_id", "predicate_group")}})
+    counts["judged_pairs"] += pairs.num_rows
+    counts["true_verdicts"] += pc.sum(invalidates).as_py() or 0
+    with duckdb.connect() as connection:
+        connection.register("judged", judgments)
+        connection.register("facts", facts.select(["event_id", "valid_at"]))
+        winners = connection.sql(EARLIEST_RETIRER_SQL.format(judgments="judged", events="facts")).to_arrow_table()
+    return judgments.cast(tables.INVALIDATION_JUDGMENTS), winners.cast(WINNERS), counts
 
 
 def _judge_slice(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, judge: Judge,

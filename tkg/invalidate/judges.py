@@ -3,7 +3,8 @@
 A `Judge` answers 1:N: for an older DYNAMIC fact and the later facts that may retire it, one
 verdict each, with a reason. `RuleJudge` is the offline default; the LLM judge
 (tkg.llm.extractor.LLMJudge) has the same interface. Both read the invalidation policy
-(tkg.core.policy).
+(tkg.core.policy). The rule judge also takes a table of pairs at once (`RuleJudge.judge_table`,
+what a build uses: millions of pairs in seconds), with the verdicts `judge` gives one by one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, Sequence
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
 
 from tkg.core import policy
 from tkg.core.models import Predicate
@@ -115,25 +120,95 @@ class RuleJudge(Counted):
         return [[self._verdict(case.primary, candidate) for candidate in case.candidates] for case in cases]
 
     def _verdict(self, primary: EventView, secondary: EventView) -> Verdict:
-        if secondary.valid_at is None or primary.valid_at is None or secondary.valid_at <= primary.valid_at:
-            return Verdict(False, "the candidate does not start after the primary event")
+        if not _starts_after(primary.valid_at, secondary.valid_at):
+            return Verdict(False, NOT_AFTER)
         for old in primary.triplets:
             for new in secondary.triplets:
-                if old.predicate != new.predicate:
-                    continue
-                if old.predicate == Predicate.HOLDS_ROLE.value and old.object_id and old.object_id == new.object_id:
-                    role = _office_role(old.object)
-                    if role not in policy.POLICY.offices:
-                        continue
-                    if old.subject_id != new.subject_id:
-                        return Verdict(True, f"{new.subject} holds {old.object} from {secondary.valid_at.date()}, "
-                                             f"and {role} is held by one person at a time")
-                    return Verdict(False, f"{old.subject} restated as {old.object}: compatible")
-                if (old.predicate in policy.POLICY.single_valued and old.subject_id == new.subject_id and old.object_id
-                        and old.object_id == new.object_id):
-                    if _measure(old.value) != _measure(new.value):
-                        return Verdict(False, f"{old.value} and {new.value} measure different things: both can hold")
-                    if _normalised_value(old.value) != _normalised_value(new.value):
-                        return Verdict(True, f"{old.object} revised from {old.value} to {new.value}")
-                    return Verdict(False, f"{old.object} restated at {old.value}: compatible")
-        return Verdict(False, "no functional relation in common: both can hold at once")
+                verdict = _functional_verdict(old, new, secondary.valid_at)
+                if verdict is not None:
+                    return verdict
+        return Verdict(False, NO_RELATION)
+
+    def judge_table(self, pairs: pa.Table, facts: pa.Table, triplets: pa.Table) -> tuple[pa.Array, pa.Array]:
+        """The verdicts `judge` gives, for a table of pairs at once: (invalidates, reason), one
+        per row of `pairs` (primary_event_id, secondary_event_id), in its order. `facts` hold
+        each event's event_id and valid_at, `triplets` the events' canonical triplets.
+
+        Most pairs share no functional relation, or do not start in order: they are told so by
+        joins. Only the triplet pairs a rule could decide on go through the rules one by one,
+        in the order `judge` tries them (the primary's triplets, then the candidate's, in the
+        order of `triplets`)."""
+        starts = (pl.from_arrow(facts.select(["event_id", "valid_at"]))
+                  .unique("event_id", keep="last", maintain_order=True))
+        rows = (pl.from_arrow(pairs.select(["primary_event_id", "secondary_event_id"])).with_row_index("pair")
+                .join(starts.rename({"event_id": "primary_event_id", "valid_at": "primary_at"}), on="primary_event_id",
+                      how="left")
+                .join(starts.rename({"event_id": "secondary_event_id", "valid_at": "secondary_at"}), on="secondary_event_id",
+                      how="left")
+                .sort("pair"))
+        known = pl.concat([rows["primary_event_id"], rows["secondary_event_id"]]).is_in(starts["event_id"])
+        if not known.all():
+            raise ValueError("pairs name events the facts do not hold")
+        after = (rows["secondary_at"] > rows["primary_at"]).fill_null(False).to_numpy()
+        invalidates = np.zeros(len(rows), dtype=bool)
+        reasons = np.where(after, NO_RELATION, NOT_AFTER).astype(object)
+        columns = ["event_id", "subject", "subject_id", "predicate", "object", "object_id", "value"]
+        views = pl.from_arrow(triplets.select(columns)).with_row_index("position")
+        rules = policy.POLICY
+        present = views["predicate"].unique().drop_nulls().to_list()
+        single_valued = [name for name in present if name in rules.single_valued]
+        # the triplet pairs a rule may decide on: the same predicate and object (HOLDS_ROLE),
+        # or the same subject, predicate and object (a single-valued predicate)
+        matches = (rows.filter(pl.Series(after)).select("pair", "primary_event_id", "secondary_event_id", "secondary_at")
+                   .join(views, left_on="primary_event_id", right_on="event_id")
+                   .join(views, left_on=["secondary_event_id", "predicate"], right_on=["event_id", "predicate"],
+                         suffix="_new")
+                   .filter(pl.col("object_id").is_not_null() & (pl.col("object_id") != "")
+                           & (pl.col("object_id") == pl.col("object_id_new"))
+                           & ((pl.col("predicate") == Predicate.HOLDS_ROLE.value)
+                              | (pl.col("predicate").is_in(single_valued)
+                                 & pl.col("subject_id").eq_missing(pl.col("subject_id_new")))))
+                   .sort("pair", "position", "position_new"))
+        decided = -1
+        fields = ("subject", "subject_id", "predicate", "object", "object_id", "value")
+        for row in matches.iter_rows(named=True):
+            if row["pair"] == decided:
+                continue
+            old = TripletView(**{name: row[name] for name in fields})
+            new = TripletView(**{name: row[name if name == "predicate" else name + "_new"] for name in fields})
+            verdict = _functional_verdict(old, new, row["secondary_at"])
+            if verdict is not None:
+                decided = row["pair"]
+                invalidates[decided], reasons[decided] = verdict.invalidates, verdict.reason
+        return pa.array(invalidates, pa.bool_()), pa.array(reasons.tolist(), pa.string())
+
+
+NOT_AFTER = "the candidate does not start after the primary event"
+NO_RELATION = "no functional relation in common: both can hold at once"
+
+
+def _starts_after(primary_at: datetime | None, secondary_at: datetime | None) -> bool:
+    return primary_at is not None and secondary_at is not None and secondary_at > primary_at
+
+
+def _functional_verdict(old: TripletView, new: TripletView, secondary_at: datetime) -> Verdict | None:
+    """What one triplet of the older event and one of the newer decide, or None when they
+    decide nothing (the judge goes on to the next two)."""
+    if old.predicate != new.predicate:
+        return None
+    if old.predicate == Predicate.HOLDS_ROLE.value and old.object_id and old.object_id == new.object_id:
+        role = _office_role(old.object)
+        if role not in policy.POLICY.offices:
+            return None
+        if old.subject_id != new.subject_id:
+            return Verdict(True, f"{new.subject} holds {old.object} from {secondary_at.date()}, "
+                                 f"and {role} is held by one person at a time")
+        return Verdict(False, f"{old.subject} restated as {old.object}: compatible")
+    if (old.predicate in policy.POLICY.single_valued and old.subject_id == new.subject_id and old.object_id
+            and old.object_id == new.object_id):
+        if _measure(old.value) != _measure(new.value):
+            return Verdict(False, f"{old.value} and {new.value} measure different things: both can hold")
+        if _normalised_value(old.value) != _normalised_value(new.value):
+            return Verdict(True, f"{old.object} revised from {old.value} to {new.value}")
+        return Verdict(False, f"{old.object} restated at {old.value}: compatible")
+    return None

@@ -44,6 +44,7 @@ from tkg.core.results import StageJob, StageResult
 from tkg.core.versions import stamp_of_schema
 from tkg.invalidate.candidates import merge_ranks, pair_candidates, rank_candidates, select_ranked, vector_blobs
 from tkg.invalidate.invalidation import (
+    EARLIEST_RETIRER_SQL,
     LINKS_SQL,
     fact_event_parameters,
     fact_events_sql,
@@ -421,7 +422,8 @@ def judged_pairs(job: StageJob) -> StageResult:
                                USING (primary_event_id, secondary_event_id)""")
     connection.execute(f"""CREATE TEMP VIEW shard_judgments AS
                            SELECT {columns} FROM previous_verdicts WHERE kept UNION ALL SELECT {columns} FROM judged_now""")
-    retired = connection.sql(EARLIEST_RETIRER_SQL).to_arrow_table().cast(tables.RETIREMENTS)
+    retired = (connection.sql(EARLIEST_RETIRER_SQL.format(judgments="shard_judgments", events="event_states"))
+               .to_arrow_table().cast(tables.RETIREMENTS))
     pairs, true_verdicts = connection.execute("SELECT count(*), coalesce(count_if(invalidates), 0) FROM shard_judgments").fetchall()[0]
     counts = Counter({"candidate_pairs": pairs, "judged_pairs": pairs, "true_verdicts": true_verdicts,
                       "pairs_kept": _count(connection, "unchanged"), "pairs_judged_now": judge_counts["judged_pairs"],
@@ -593,14 +595,6 @@ PAIR_FINGERPRINTS_SQL = f"""
                        JOIN event_hashes es ON es.event_id = p.secondary_event_id
     ORDER BY p.primary_event_id, p.secondary_event_id"""
 
-# Each primary's earliest retirer among the pairs judged to retire it: the earliest valid_at,
-# ties on the event id.
-EARLIEST_RETIRER_SQL = """
-    SELECT j.primary_event_id AS event_id, f.valid_at AS invalid_at, j.secondary_event_id AS invalidated_by
-    FROM shard_judgments j JOIN event_states f ON f.event_id = j.secondary_event_id
-    WHERE j.invalidates
-    QUALIFY row_number() OVER (PARTITION BY j.primary_event_id ORDER BY f.valid_at, j.secondary_event_id) = 1
-    ORDER BY event_id"""
 
 
 def invalidated_events(job: StageJob) -> StageResult:
