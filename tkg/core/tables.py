@@ -153,6 +153,9 @@ FACTS = pa.schema([
     ("valid_at", TIMESTAMP), ("invalid_at", TIMESTAMP), ("created_at", TIMESTAMP), ("vector", pa.binary()),
     ("fact_key", pa.string()),
 ])
+# What ranking reads of a fact (tkg.invalidate.candidates.rank_candidates): not its text.
+RANKED_FACTS = pa.schema([FACTS.field(name) for name in ("event_id", "temporal_type", "valid_at", "invalid_at", "vector",
+                                                          "fact_key")])
 # The blocks: the facts sharing a canonical entity under a predicate group.
 BLOCK_MEMBERS = pa.schema([("canonical_id", pa.string()), ("predicate_group", pa.int8()), ("event_id", pa.string())])
 # Triplets with canonical subject and object (what the judge reads of a fact).

@@ -249,7 +249,7 @@ def candidate_ranks(job: StageJob) -> StageResult:
         FROM current_members m JOIN block_states b USING (canonical_id, predicate_group)
         LEFT JOIN previous_members p USING (canonical_id, predicate_group, event_id)
         WHERE b.state <> 'kept'""")
-    facts = _split(job, "fact_blocks", "facts", tables.FACTS, "SEMI JOIN reranked USING (event_id)")
+    facts = _split(job, "fact_blocks", "facts", tables.RANKED_FACTS, "SEMI JOIN reranked USING (event_id)")
     connection.register("reranked_facts", facts)
     parts = {}
     for state in ("ranked", "grown"):
@@ -257,7 +257,7 @@ def candidate_ranks(job: StageJob) -> StageResult:
                                "ORDER BY ALL", params={"state": state}).to_arrow_table()
         connection.register("part_links", links)
         part_facts = connection.sql("SELECT * FROM reranked_facts SEMI JOIN part_links USING (event_id)").to_arrow_table()
-        parts[state] = rank_candidates(part_facts.cast(tables.FACTS), links, rules.min_cosine, rules.top_k,
+        parts[state] = rank_candidates(part_facts.cast(tables.RANKED_FACTS), links, rules.min_cosine, rules.top_k,
                                        fresh="fresh" if state == "grown" else None)
     connection.register("ranked_in_full", parts["ranked"])
     connection.register("grown_delta", parts["grown"])
