@@ -17,6 +17,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tkg.core import policy
 from tkg.core.models import Predicate
@@ -151,7 +152,8 @@ class RuleJudge(Counted):
             raise ValueError("pairs name events the facts do not hold")
         after = (rows["secondary_at"] > rows["primary_at"]).fill_null(False).to_numpy()
         invalidates = np.zeros(len(rows), dtype=bool)
-        reasons = np.where(after, NO_RELATION, NOT_AFTER).astype(object)
+        texts = [NOT_AFTER, NO_RELATION]  # each pair's reason, as its position in `texts`
+        reasons = after.astype(np.int64)
         columns = ["event_id", "subject", "subject_id", "predicate", "object", "object_id", "value"]
         views = pl.from_arrow(triplets.select(columns)).with_row_index("position")
         rules = policy.POLICY
@@ -179,8 +181,9 @@ class RuleJudge(Counted):
             verdict = _functional_verdict(old, new, row["secondary_at"])
             if verdict is not None:
                 decided = row["pair"]
-                invalidates[decided], reasons[decided] = verdict.invalidates, verdict.reason
-        return pa.array(invalidates, pa.bool_()), pa.array(reasons.tolist(), pa.string())
+                invalidates[decided], reasons[decided] = verdict.invalidates, len(texts)
+                texts.append(verdict.reason)
+        return pa.array(invalidates, pa.bool_()), pc.take(pa.array(texts, pa.string()), pa.array(reasons))
 
 
 NOT_AFTER = "the candidate does not start after the primary event"
