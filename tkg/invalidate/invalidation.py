@@ -125,41 +125,38 @@ def judge_pairs(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, j
         return tables.INVALIDATION_JUDGMENTS.empty_table(), WINNERS.empty_table(), counts
     pairs = pairs.sort_by([("primary_event_id", "ascending")])
     if hasattr(judge, "judge_table"):  # a judge that takes the pairs as a table (the rule judge)
-        return _judge_table(pairs, facts, resolved_triplets, judge, counts)
-    primary_ids = pairs.column("primary_event_id")
-    starts = run_starts(pc.dictionary_encode(primary_ids).combine_chunks().indices.to_numpy(zero_copy_only=False))
-    bounds = [*starts[::JUDGE_SLICE].tolist(), pairs.num_rows]
-    judged, winners = [], {}
-    for low, high in zip(bounds[:-1], bounds[1:]):
-        judgments = _judge_slice(pairs.slice(low, high - low), facts, resolved_triplets, judge, winners, counts)
-        judged.append(tables.to_table(judgments, tables.INVALIDATION_JUDGMENTS))
-    counts["true_verdicts"] += 0  # counted even when none
-    winner_rows = [{"event_id": p, "invalid_at": s.valid_at, "invalidated_by": s.event_id} for p, s in sorted(winners.items())]
-    return pa.concat_tables(judged), tables.to_table(winner_rows, WINNERS), counts
-
-
-def _judge_table(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, judge: Judge,
-                 counts: Counter) -> tuple[pa.Table, pa.Table, Counter]:
-    """`judge_pairs` by a judge's `judge_table`: the same judgments, rows and winners, made as
-    columns rather than a Python object per pair."""
-    invalidates, reasons = judge.judge_table(pairs, facts, resolved_triplets)
-    judgments = pa.table({**{name: pairs.column(name) for name in ("primary_event_id", "secondary_event_id")},
-                          "invalidates": invalidates, "reason": reasons,
-                          "judge": pa.repeat(pa.scalar(judge.name, pa.string()), pairs.num_rows),
-                          **{name: pairs.column(name) for name in ("cosine", "shared_entity_id", "predicate_group")}})
-    counts["judged_pairs"] += pairs.num_rows
-    counts["true_verdicts"] += pc.sum(invalidates).as_py() or 0
+        judgments = _judge_table(pairs, facts, resolved_triplets, judge)
+    else:
+        primary_ids = pairs.column("primary_event_id")
+        starts = run_starts(pc.dictionary_encode(primary_ids).combine_chunks().indices.to_numpy(zero_copy_only=False))
+        bounds = [*starts[::JUDGE_SLICE].tolist(), pairs.num_rows]
+        judgments = pa.concat_tables([
+            tables.to_table(_judge_slice(pairs.slice(low, high - low), facts, resolved_triplets, judge),
+                            tables.INVALIDATION_JUDGMENTS)
+            for low, high in zip(bounds[:-1], bounds[1:])])
+    counts["judged_pairs"] += judgments.num_rows
+    counts["true_verdicts"] += pc.sum(judgments.column("invalidates")).as_py() or 0
     with duckdb.connect() as connection:
         connection.register("judged", judgments)
         connection.register("facts", facts.select(["event_id", "valid_at"]))
         winners = connection.sql(EARLIEST_RETIRER_SQL.format(judgments="judged", events="facts")).to_arrow_table()
-    return judgments.cast(tables.INVALIDATION_JUDGMENTS), winners.cast(WINNERS), counts
+    return judgments, winners.cast(WINNERS), counts
 
 
-def _judge_slice(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, judge: Judge,
-                 winners: dict[str, EventView], counts: Counter) -> list[dict]:
-    """Judge the pairs of some primaries (`pairs` holds every pair of each); update `winners`
-    (each primary's earliest retirer) and `counts`; the judgment rows."""
+def _judge_table(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, judge: Judge) -> pa.Table:
+    """The judgment rows of `pairs` by a judge's `judge_table`: made as columns rather than a
+    Python object per pair."""
+    invalidates, reasons = judge.judge_table(pairs, facts, resolved_triplets)
+    return pa.table({**{name: pairs.column(name) for name in ("primary_event_id", "secondary_event_id")},
+                     "invalidates": invalidates, "reason": reasons,
+                     "judge": pa.repeat(pa.scalar(judge.name, pa.string()), pairs.num_rows),
+                     **{name: pairs.column(name) for name in ("cosine", "shared_entity_id", "predicate_group")}}
+                    ).cast(tables.INVALIDATION_JUDGMENTS)
+
+
+def _judge_slice(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, judge: Judge) -> list[dict]:
+    """The judgment rows of the pairs of some primaries (`pairs` holds every pair of each), by
+    the judge's `judge`, a case per primary."""
     involved = set(pairs.column("primary_event_id").to_pylist()) | set(pairs.column("secondary_event_id").to_pylist())
     views = _event_views(facts, resolved_triplets, involved)
     by_primary: dict[str, list[dict]] = defaultdict(list)
@@ -167,20 +164,9 @@ def _judge_slice(pairs: pa.Table, facts: pa.Table, resolved_triplets: pa.Table, 
         by_primary[pair["primary_event_id"]].append(pair)
     primaries = sorted(by_primary)
     cases = [JudgeCase(views[p], tuple(views[c["secondary_event_id"]] for c in by_primary[p])) for p in primaries]
-    verdicts = judge.judge(cases)
-    judgments = []
-    for primary_id, case_verdicts in zip(primaries, verdicts):
-        for pair, verdict in zip(by_primary[primary_id], case_verdicts):
-            secondary = views[pair["secondary_event_id"]]
-            judgments.append({**pair, "invalidates": verdict.invalidates, "reason": verdict.reason, "judge": judge.name})
-            if not verdict.invalidates:
-                continue
-            counts["true_verdicts"] += 1
-            best = winners.get(primary_id)
-            if best is None or (secondary.valid_at, secondary.event_id) < (best.valid_at, best.event_id):
-                winners[primary_id] = secondary
-        counts["judged_pairs"] += len(case_verdicts)
-    return judgments
+    return [{**pair, "invalidates": verdict.invalidates, "reason": verdict.reason, "judge": judge.name}
+            for primary_id, case_verdicts in zip(primaries, judge.judge(cases))
+            for pair, verdict in zip(by_primary[primary_id], case_verdicts)]
 
 
 def retirements(winners: pa.Table, retired_by_figures: dict[str, tuple[datetime, str]],

@@ -121,7 +121,7 @@ class RuleJudge(Counted):
         return [[self._verdict(case.primary, candidate) for candidate in case.candidates] for case in cases]
 
     def _verdict(self, primary: EventView, secondary: EventView) -> Verdict:
-        if not _starts_after(primary.valid_at, secondary.valid_at):
+        if secondary.valid_at is None or primary.valid_at is None or secondary.valid_at <= primary.valid_at:
             return Verdict(False, NOT_AFTER)
         for old in primary.triplets:
             for new in secondary.triplets:
@@ -188,10 +188,6 @@ class RuleJudge(Counted):
 
 NOT_AFTER = "the candidate does not start after the primary event"
 NO_RELATION = "no functional relation in common: both can hold at once"
-
-
-def _starts_after(primary_at: datetime | None, secondary_at: datetime | None) -> bool:
-    return primary_at is not None and secondary_at is not None and secondary_at > primary_at
 
 
 def _functional_verdict(old: TripletView, new: TripletView, secondary_at: datetime) -> Verdict | None:
