@@ -33,7 +33,7 @@ from tkg.ingest import stages as ingest
 from tkg.ingest.stages import CHUNKS_VERSION, TRANSCRIPTS_VERSION
 from tkg.invalidate import stages as invalidate
 from tkg.invalidate.retention import RETENTION_VERSION, retention_settings
-from tkg.invalidate.stages import INVALIDATION_VERSION, POSITIONS_VERSION
+from tkg.invalidate.stages import INVALIDATION_VERSION, PAIRS_VERSION, POSITIONS_VERSION
 from tkg.llm.prompts import TEMPLATES
 from tkg.providers import Fingerprints
 from tkg.resolve import stages as resolve
@@ -208,9 +208,10 @@ STAGES: tuple[Stage, ...] = (
         "and the judge's verdict on each, with its reason; each primary's earliest retirer in the shard. Against the "
         "shard's last output, only the facts whose selected rows or events changed are paired again, and a pair whose "
         "events did not change keeps its verdict from it.",
-        code_version=lambda f: f.judge, compute=invalidate.judged_pairs, inputs=("fact_blocks", "candidate_selection"),
-        kind="shard", published=False, prompt=TEMPLATES["judge"], counters=("judge",),
-        tables=(Table("judgments", tables.INVALIDATION_JUDGMENTS), Table("judged_fingerprints", tables.JUDGED_PAIRS),
+        code_version=lambda f: f"{f.judge}:{PAIRS_VERSION}", compute=invalidate.judged_pairs,
+        inputs=("fact_blocks", "candidate_selection"), kind="shard", published=False, prompt=TEMPLATES["judge"],
+        counters=("judge",),
+        tables=(Table("judgments", tables.SHARD_JUDGMENTS),
                 Table("paired_events", tables.PAIRED_EVENTS, memo=True),
                 Table("paired_units", tables.PAIRED_UNITS, memo=True),
                 Table("judgment_changes", tables.JUDGMENT_CHANGES, memo=True), Table("retirements", tables.RETIREMENTS))),

@@ -270,6 +270,11 @@ def _write_outputs(store: ParquetStore, connection: duckdb.DuckDBPyConnection, s
         path = (store.shard_path(stage.name, shard, table.name) if stage.sharded
                 else store.global_path(stage.name, table.name))
         result.path = store.write(path, _conformed(outputs[table.name], table.schema, result.stamp))
+    if stage.sharded:  # a table an older tkg wrote in the shard's folder and this one does not
+        written = {f"{table.name}.parquet" for table in stage.tables}
+        for path in store.files(f"{stage.name}/shard={shard}/*.parquet"):
+            if path.name not in written:
+                store.delete(path)
     return keep
 
 

@@ -181,8 +181,9 @@ SHARDS_READ = pa.schema([("shard", pa.string()), ("version", pa.string())])
 # ... and of each shard's judgments, with the file's size and time: a shard rebuilt with the same
 # version (its inputs unchanged) is a rewritten file all the same, and its verdicts may differ.
 JUDGMENTS_READ = pa.schema([*SHARDS_READ, ("size", pa.int64()), ("mtime_ns", pa.int64())])
-# Each judge pair of a shard with a fingerprint of what its verdict depends on.
-JUDGED_PAIRS = pa.schema([("primary_event_id", pa.string()), ("secondary_event_id", pa.string()), ("fingerprint", pa.string())])
+# A shard's judgments, each with what the shard's next run compares: a fingerprint of what its
+# verdict depends on, and its unit (a hash of its two facts' keys, see tkg.invalidate.stages).
+SHARD_JUDGMENTS = pa.schema([*INVALIDATION_JUDGMENTS, ("fingerprint", pa.uint64()), ("unit", pa.uint64())])
 # What a shard's judge pairs were made from, for its next run to tell which pairs to make again:
 # each fact it held, with the hash of its row in the facts split and of its canonical triplets
 # (the judge reads them; the pairing does not) ...

@@ -72,6 +72,8 @@ from tkg.store.warehouse import apply_model, model
 
 # Bump when the phases change how they split, rank, select or pair.
 INVALIDATION_VERSION = "sharded-invalidation-6"
+# Bump when a shard's judgments change what they store for the shard's next run (judged_pairs).
+PAIRS_VERSION = "shard-judgments-2"
 # Bump when the rules of tkg.invalidate.positions change.
 POSITIONS_VERSION = "positions-8"
 
@@ -387,7 +389,9 @@ def judged_pairs(job: StageJob) -> StageResult:
     judge asks for a primary's candidates at once but keeps each verdict per pair,
     tkg.llm.extractor.LLMJudge), so a pair whose fingerprint (the pair, and what the judge reads
     of its two events) is the one it had in the last output keeps its verdict, and only the
-    other pairs are judged: the pairs made again, and kept pairs whose events' triplets changed."""
+    other pairs are judged: the pairs made again, and kept pairs whose events' triplets changed.
+    Each judgment is stored with its fingerprint and its unit (tables.SHARD_JUDGMENTS), which
+    the next run compares."""
     connection = job.connection
     facts, paired = _pairs_made_now(job)
     # the pairs to fingerprint: the ones made now, and kept ones whose events' triplets changed
@@ -409,15 +413,17 @@ def judged_pairs(job: StageJob) -> StageResult:
     connection.execute("""CREATE TEMP TABLE unchanged AS
                           SELECT primary_event_id, secondary_event_id FROM verbatim_pairs
                           UNION ALL SELECT primary_event_id, secondary_event_id FROM shard_fingerprints
-                              SEMI JOIN previous_judged_fingerprints USING (primary_event_id, secondary_event_id, fingerprint)""")
+                              SEMI JOIN previous_judgments USING (primary_event_id, secondary_event_id, fingerprint)""")
     changed = connection.sql("SELECT * FROM shard_pairs ANTI JOIN unchanged USING (primary_event_id, secondary_event_id)")
     judged, _, judge_counts = judge_pairs(changed.to_arrow_table().cast(paired.schema), pair_facts, triplets,
                                           job.providers.judge)
-    connection.register("judged_now", judged)
-    columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
+    connection.register("judged_rows", judged)
+    connection.execute("""CREATE TEMP TABLE judged_now AS SELECT j.*, f.fingerprint, f.unit
+                          FROM judged_rows j JOIN shard_fingerprints f USING (primary_event_id, secondary_event_id)""")
+    columns = ", ".join(tables.SHARD_JUDGMENTS.names)
     # the last output's judgments read once, each marked kept or not (the ones not kept are gone)
     connection.execute(f"""CREATE TEMP TABLE previous_verdicts AS
-                           SELECT {', '.join('p.' + name for name in tables.INVALIDATION_JUDGMENTS.names)}, u.kept IS NOT NULL AS kept
+                           SELECT {', '.join('p.' + name for name in tables.SHARD_JUDGMENTS.names)}, u.kept IS NOT NULL AS kept
                            FROM previous_judgments p LEFT JOIN (SELECT primary_event_id, secondary_event_id, true AS kept FROM unchanged) u
                                USING (primary_event_id, secondary_event_id)""")
     connection.execute(f"""CREATE TEMP VIEW shard_judgments AS
@@ -433,9 +439,6 @@ def judged_pairs(job: StageJob) -> StageResult:
     return StageResult(retired, counts=counts, metadata={"judge": job.providers.judge.name}, tables={
         "judgments": connection.sql(f"SELECT * FROM shard_judgments {in_order}"),
         "judgment_changes": _judgment_changes_since(job),
-        "judged_fingerprints": connection.sql(f"""
-            SELECT * FROM previous_judged_fingerprints SEMI JOIN verbatim_pairs USING (primary_event_id, secondary_event_id)
-            UNION ALL SELECT * FROM shard_fingerprints {in_order}"""),
         "retirements": retired,
         "paired_events": connection.sql("SELECT event_id, fact_key, fact_hash, triplets_hash FROM event_states ORDER BY event_id"),
         "paired_units": connection.sql("SELECT unit, digest FROM unit_states ORDER BY unit")})
@@ -478,8 +481,8 @@ def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
     _shard_view(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS, ["incoming_event_id", "fact_key"],
                 "selection_rows")
     connection.execute(EVENT_STATES_SQL)
-    for name, schema in (("judgments", tables.INVALIDATION_JUDGMENTS), ("judged_fingerprints", tables.JUDGED_PAIRS),
-                         ("paired_events", tables.PAIRED_EVENTS), ("paired_units", tables.PAIRED_UNITS)):
+    for name, schema in (("judgments", tables.SHARD_JUDGMENTS), ("paired_events", tables.PAIRED_EVENTS),
+                         ("paired_units", tables.PAIRED_UNITS)):
         (job.store.relation(connection, [job.previous[name]]) if name in job.previous
          else connection.from_arrow(schema.empty_table())).create_view(f"previous_{name}", replace=True)
     incremental = "paired_events" in job.previous
@@ -495,7 +498,7 @@ def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
     else:
         connection.execute("""CREATE TEMP TABLE repaired_units AS SELECT unit FROM unit_states;
                               CREATE TEMP TABLE kept_pairs AS SELECT primary_event_id, secondary_event_id
-                                  FROM previous_judged_fingerprints LIMIT 0;
+                                  FROM previous_judgments LIMIT 0;
                               CREATE TEMP TABLE verbatim_pairs AS SELECT * FROM kept_pairs""")
         facts = _split(job, "fact_blocks", "facts", tables.FACTS)
         selected = _split(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS)
@@ -557,40 +560,39 @@ REPAIRED_UNITS_SQL = """
     SELECT e.fact_key FROM repaired_selections s JOIN event_states e ON e.event_id = s.incoming_event_id
     UNION SELECT fact_key FROM repaired_selections"""
 
-# The last output's pairs that stand: neither fact of the pair is a dirty key and their unit is
-# not paired again. `verbatim`: neither event's triplets changed either, so the pair keeps its
+# The last output's pairs that stand: neither fact of the pair is a dirty key (none of its events
+# was one of a dirty key's in the last output) and their unit (stored with the judgment) is not
+# paired again. `verbatim`: neither event's triplets changed either, so the pair keeps its
 # fingerprint and verdict as they are; the others are fingerprinted again.
-KEPT_PAIRS_SQL = f"""
+KEPT_PAIRS_SQL = """
     CREATE TEMP TABLE kept_pairs AS
-    WITH pairs AS (
-        SELECT j.primary_event_id, j.secondary_event_id, p.fact_key AS primary_fact, s.fact_key AS secondary_fact
-        FROM previous_judged_fingerprints j
-        JOIN previous_paired_events p ON p.event_id = j.primary_event_id
-        JOIN previous_paired_events s ON s.event_id = j.secondary_event_id),
+    WITH dirty_events AS (SELECT event_id FROM previous_paired_events SEMI JOIN dirty_keys USING (fact_key)),
     triplets_changed AS (SELECT event_id FROM (SELECT event_id, triplets_hash FROM event_states
                                                EXCEPT SELECT event_id, triplets_hash FROM previous_paired_events))
     SELECT primary_event_id, secondary_event_id,
            primary_event_id NOT IN (SELECT event_id FROM triplets_changed)
            AND secondary_event_id NOT IN (SELECT event_id FROM triplets_changed) AS verbatim
-    FROM pairs
-    WHERE {UNIT_SQL.format(a="primary_fact", b="secondary_fact")} NOT IN (SELECT unit FROM dirty_units)
-      AND primary_fact NOT IN (SELECT fact_key FROM dirty_keys) AND secondary_fact NOT IN (SELECT fact_key FROM dirty_keys);
+    FROM previous_judgments
+    WHERE unit NOT IN (SELECT unit FROM dirty_units)
+      AND primary_event_id NOT IN (SELECT event_id FROM dirty_events)
+      AND secondary_event_id NOT IN (SELECT event_id FROM dirty_events);
     CREATE TEMP TABLE verbatim_pairs AS SELECT primary_event_id, secondary_event_id FROM kept_pairs WHERE verbatim"""
 
 
-# A fingerprint of each judge pair: the pair (its cosine, shared entity and group are in its
-# judgment) and what the judge reads of its two events (the fact's columns besides the
-# vector, which only the pairing reads, and its canonical triplets, in a fixed order).
+# A fingerprint of each judge pair (a 64-bit hash, compared only with the same pair's last one):
+# the pair (its cosine, shared entity and group are in its judgment) and what the judge reads of
+# its two events (the fact's columns besides the vector, which only the pairing reads, and its
+# canonical triplets, in a fixed order); and the pair's unit.
 PAIR_FINGERPRINTS_SQL = f"""
     WITH triplet_hashes AS (
         SELECT event_id, string_agg(hash({', '.join(tables.RESOLVED_TRIPLETS.names)})::VARCHAR, ',' ORDER BY triplet_id) AS h
         FROM shard_triplets GROUP BY event_id),
     event_hashes AS (
-        SELECT f.event_id, hash({', '.join('f.' + name for name in tables.FACTS.names if name != 'vector')}, t.h) AS h
+        SELECT f.event_id, f.fact_key, hash({', '.join('f.' + name for name in tables.FACTS.names if name != 'vector')}, t.h) AS h
         FROM shard_facts f LEFT JOIN triplet_hashes t USING (event_id))
     SELECT p.primary_event_id, p.secondary_event_id,
-           md5(concat_ws(':', hash(p.primary_event_id, p.secondary_event_id, p.cosine, p.shared_entity_id, p.predicate_group),
-                         ep.h, es.h)) AS fingerprint
+           hash(p.primary_event_id, p.secondary_event_id, p.cosine, p.shared_entity_id, p.predicate_group, ep.h, es.h) AS fingerprint,
+           {UNIT_SQL.format(a="ep.fact_key", b="es.fact_key")} AS unit
     FROM shard_pairs p JOIN event_hashes ep ON ep.event_id = p.primary_event_id
                        JOIN event_hashes es ON es.event_id = p.secondary_event_id
     ORDER BY p.primary_event_id, p.secondary_event_id"""
