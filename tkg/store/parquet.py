@@ -214,7 +214,7 @@ class ParquetStore:
                 shard_folder = f"{folder}/shard={shard}"
                 self.filesystem.create_dir(shard_folder, recursive=True)
                 writer = writers[shard] = pq.ParquetWriter(f"{shard_folder}/part-0.parquet", schema, filesystem=self.filesystem,
-                                                           compression="zstd")
+                                                           compression="zstd", use_dictionary=dictionary_columns(schema))
             writer.write_table(rows, row_group_size=SPLIT_ROW_GROUP)
 
         try:
@@ -365,11 +365,19 @@ class ParquetStore:
             return relation.to_arrow_table()
 
 
+def dictionary_columns(schema: pa.Schema) -> bool | list[str]:
+    """The columns worth a dictionary: all (True) but the unsigned integers, which in tkg are
+    hashes (of rows, keys and pairs), every value its own, so a dictionary only costs time."""
+    hashes = {field.name for field in schema if pa.types.is_unsigned_integer(field.type)}
+    return [name for name in schema.names if name not in hashes] if hashes else True
+
+
 def _write_parquet(data: pa.Table | pa.RecordBatchReader, where: str, filesystem: pafs.FileSystem | None) -> None:
     if isinstance(data, pa.Table):
-        pq.write_table(data, where, filesystem=filesystem, compression="zstd")
+        pq.write_table(data, where, filesystem=filesystem, compression="zstd", use_dictionary=dictionary_columns(data.schema))
         return
-    with pq.ParquetWriter(where, data.schema, filesystem=filesystem, compression="zstd") as writer:
+    with pq.ParquetWriter(where, data.schema, filesystem=filesystem, compression="zstd",
+                          use_dictionary=dictionary_columns(data.schema)) as writer:
         for batch in data:
             writer.write_batch(batch)
 
