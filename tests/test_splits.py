@@ -216,3 +216,24 @@ def test_a_table_with_heavy_columns_is_hashed_by_what_stands_for_them_and_read_w
     assert asked == [sorted((row["shard"], row["event_id"], row["dynamic"]) for row in (rows[3], rows[-1]))]
     stored = {row[0]: row for shard in _read(store, "b").values() for row in shard}
     assert stored[rows[3]["event_id"]][-1] == [9.0] * 4 and stored[rows[4]["event_id"]][-1] != [9.0] * 4
+
+
+def test_hash_columns_are_written_without_a_dictionary_and_the_others_with_one(tmp_path):
+    """Unsigned integers are hashes in tkg, every value its own: a dictionary for them only costs
+    time. Text keeps its dictionary, and so does every column of a table with a nested one
+    (Parquet names a nested column's leaves, which a list of column names would miss)."""
+    import pyarrow.parquet as pq
+
+    store = ParquetStore(tmp_path)
+    flat = pa.table({"name": ["a", "b"] * 500, "row_hash": pa.array(range(1000), pa.uint64())})
+    nested = flat.append_column("aliases", pa.array([["x", "y"]] * 1000, pa.list_(pa.string())))
+    for name, table in (("flat", flat), ("nested", nested)):
+        for as_stream in (False, True):
+            path = store.write(store.global_path(f"{name}_{as_stream}"),
+                               pa.RecordBatchReader.from_batches(table.schema, table.to_batches()) if as_stream else table)
+            group = pq.ParquetFile(str(path)).metadata.row_group(0)
+            encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
+            assert "RLE_DICTIONARY" in encodings["name"]
+            assert ("RLE_DICTIONARY" in encodings["row_hash"]) == (name == "nested")
+            if name == "nested":
+                assert "RLE_DICTIONARY" in encodings["aliases.list.element"]

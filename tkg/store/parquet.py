@@ -367,9 +367,12 @@ class ParquetStore:
 
 def dictionary_columns(schema: pa.Schema) -> bool | list[str]:
     """The columns worth a dictionary: all (True) but the unsigned integers, which in tkg are
-    hashes (of rows, keys and pairs), every value its own, so a dictionary only costs time."""
+    hashes (of rows, keys and pairs), every value its own, so a dictionary only costs time. All
+    of them when a column is nested: Parquet names its leaves (`aliases.list.element`), not it."""
     hashes = {field.name for field in schema if pa.types.is_unsigned_integer(field.type)}
-    return [name for name in schema.names if name not in hashes] if hashes else True
+    if not hashes or any(pa.types.is_nested(field.type) for field in schema):
+        return True
+    return [name for name in schema.names if name not in hashes]
 
 
 def _write_parquet(data: pa.Table | pa.RecordBatchReader, where: str, filesystem: pafs.FileSystem | None) -> None:
