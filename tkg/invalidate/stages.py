@@ -594,8 +594,7 @@ PAIR_FINGERPRINTS_SQL = f"""
            hash(p.primary_event_id, p.secondary_event_id, p.cosine, p.shared_entity_id, p.predicate_group, ep.h, es.h) AS fingerprint,
            {UNIT_SQL.format(a="ep.fact_key", b="es.fact_key")} AS unit
     FROM shard_pairs p JOIN event_hashes ep ON ep.event_id = p.primary_event_id
-                       JOIN event_hashes es ON es.event_id = p.secondary_event_id
-    ORDER BY p.primary_event_id, p.secondary_event_id"""
+                       JOIN event_hashes es ON es.event_id = p.secondary_event_id"""
 
 
 

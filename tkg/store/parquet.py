@@ -376,11 +376,11 @@ def dictionary_columns(schema: pa.Schema) -> bool | list[str]:
 
 
 def _write_parquet(data: pa.Table | pa.RecordBatchReader, where: str, filesystem: pafs.FileSystem | None) -> None:
-    if isinstance(data, pa.Table):
-        pq.write_table(data, where, filesystem=filesystem, compression="zstd", use_dictionary=dictionary_columns(data.schema))
-        return
     with pq.ParquetWriter(where, data.schema, filesystem=filesystem, compression="zstd",
                           use_dictionary=dictionary_columns(data.schema)) as writer:
+        if isinstance(data, pa.Table):
+            writer.write_table(data)
+            return
         for batch in data:
             writer.write_batch(batch)
 
