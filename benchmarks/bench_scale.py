@@ -452,7 +452,7 @@ def measure_size(n: int, args, log) -> dict:
     else:  # a store of an earlier run, as generated: start again from its partitions alone
         if (root / HELD_BACK).exists():
             bring_back(root)
-        for stage_folder in ("_manifest", *(s.name for s in _global_stages()), "llm_calls"):
+        for stage_folder in ("_manifest", "_packs", *(s.name for s in _global_stages()), "llm_calls"):
             shutil.rmtree(root / "parquet" / stage_folder, ignore_errors=True)
         (root / "tkg.duckdb").unlink(missing_ok=True)
     generation = json.loads((root / "store.json").read_text())

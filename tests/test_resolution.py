@@ -364,15 +364,19 @@ def test_mapping_does_not_depend_on_row_order_even_with_a_repeated_id():
         assert resolve_entities(table.take(order)).mapping.equals(mapping)
 
 
-def test_mentions_read_from_the_store_resolve_as_they_do_in_memory(tmp_path):
+def test_mentions_read_from_the_store_resolve_as_they_do_in_memory(tmp_path, monkeypatch):
     """The global step reads mentions from the partition files a column at a time (DuckDB, out
     of core): the same entities and mapping as the mentions in memory, read in mention order
-    (company, quarter, entity id), descriptions and embedding evidence included."""
+    (company, quarter, entity id), descriptions and embedding evidence included; and the same
+    again with the names read from the store's packs."""
     from datetime import date
 
     import duckdb
 
+    from tkg.core.versions import Stamp, stamped
     from tkg.resolve.resolution import MentionSource
+    from tkg.store import packs
+    from tkg.store.manifest import stamped_files
     from tkg.store.parquet import ParquetStore
 
     table = mentions(("Organization", "Micron"), ("Organization", "Micron Memory"), ("Person", "Bob Swan"),
@@ -393,6 +397,20 @@ def test_mentions_read_from_the_store_resolve_as_they_do_in_memory(tmp_path):
         assert from_files.canonical_entities.equals(in_memory.canonical_entities)
         assert from_files.mapping.equals(in_memory.mapping)
         assert from_files.mapping.num_rows == table.num_rows
+    # as the step reads them: the names from a pack (tkg.store.packs), the embeddings from the files
+    for number, (company, quarter) in enumerate(partitions):
+        path = store.partition_path("entities", company, quarter)
+        store.write(path, stamped(store.read(path), Stamp("entities", "code", {})))
+    stamped_files(store, ["entities"])
+    monkeypatch.setattr(packs, "MIN_FILES", 1)
+    with duckdb.connect() as connection:
+        files = store.partition_files("entities")
+        from_packs = resolve_entities(MentionSource(connection, store.relation(connection, files),
+                                                    light=packs.packed(store, connection, files)))
+        assert list((store.parquet_root / packs.PACKS / "entities").glob("*.index.parquet"))
+        assert from_packs.evidence.num_rows > 0
+        assert from_packs.canonical_entities.equals(in_memory.canonical_entities)
+        assert from_packs.mapping.equals(in_memory.mapping)
 
 
 def test_each_mentions_canonical_is_joined_with_the_names_as_the_hash_table(tmp_path):

@@ -44,6 +44,7 @@ from tkg.core.machine import (
 )
 from tkg.core.companies import DEFAULT_COMPANIES_FILE
 from tkg.settings import Settings
+from tkg.store import packs
 from tkg.store.parquet import ParquetStore
 from tkg.store.splits import shard_rows
 from tkg.store.warehouse import publish
@@ -436,12 +437,16 @@ def _shard_outputs(home: Path) -> dict[str, object]:
 
 
 @needs_corpus
-def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build(two_companies, tmp_path):
+def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build(two_companies, tmp_path, monkeypatch):
     """Each block's ranks and each pair's verdict are kept from the last build when their
     inputs did not change; a block the new quarter only adds to ranks only its new pairs; the
     other blocks and pairs it touches are recomputed. The
     increment's tables equal a cold build's on the same partitions, row for row and in order.
-    The increment also withdraws one earlier call, whose facts leave their blocks."""
+    The increment also withdraws one earlier call, whose facts leave their blocks. The global
+    steps read the partitions through packs (tkg.store.packs) as a big store's do: the first
+    build packs every partition, and the increment reads the withdrawn call's rows no more
+    and the new quarter's from their files."""
+    monkeypatch.setattr(packs, "MIN_FILES", 4)  # two companies' calls: few enough to be read as files
     calls = sorted((two_companies / "parquet" / "transcripts").glob("company=*/quarter=*"))
     newest = max(path.name for path in calls)
     withdrawn = calls[0].relative_to(two_companies / "parquet" / "transcripts")
@@ -463,6 +468,7 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     shutil.copyfile(obsolete.with_name("retirements.parquet"), obsolete)
 
     report = finish_graph(_runtime(home, 3), publish_to=home / "tkg.duckdb")
+    assert len(list((home / "parquet" / packs.PACKS / "temporal_events").glob("*.index.parquet"))) == 1
     assert not obsolete.exists()
     assert report.counts["blocks_kept"] > report.counts["blocks_grown"] > 0  # grown: only the new pairs ranked
     assert report.counts["pairs_kept"] > report.counts["pairs_judged_now"] > 0

@@ -66,6 +66,7 @@ from tkg.invalidate.positions import (
 from tkg.invalidate.retention import retention_settings, score_facts
 from tkg.invalidate.revisions import READ_COLUMNS, FigureRevisions, revise_figures
 from tkg.store.manifest import scan, stamped_files
+from tkg.store.packs import packed, partition_rows
 from tkg.store.parquet import partition_of
 from tkg.store.splits import ROW_HASH, Replaced, SplitRows, shard_rows, version_rows
 from tkg.store.warehouse import apply_model, model
@@ -85,16 +86,20 @@ def shard_sql(key_sql: str, shards: int) -> str:
 
 
 def _partition_view(job: StageJob, name: str, asset: str, schema: pa.Schema) -> None:
-    """View `name` over every partition of `asset` (empty, with `schema`, before there is one)."""
-    files = job.store.partition_files(asset)
-    relation = scan(job.store, job.connection, files) if files else job.connection.from_arrow(schema.empty_table())
-    relation.create_view(name, replace=True)
+    """View `name` over every partition of `asset`, its light columns (tkg.store.packs; empty,
+    with `schema`'s, before there is one)."""
+    partition_rows(job.store, job.connection, asset, schema).create_view(name, replace=True)
 
 
-def _raw_view(job: StageJob, name: str, schema: pa.Schema, files: list) -> None:
-    """`raw.<name>` over the files of a stage, or empty with `schema` when it has none."""
+def _raw_view(job: StageJob, name: str, schema: pa.Schema, files: list | None = None) -> None:
+    """`raw.<name>` over the files of a global stage, or over every partition of the stage
+    `name` (its light columns, tkg.store.packs) when no files are given; empty, with `schema`,
+    when there are none."""
     job.connection.execute("CREATE SCHEMA IF NOT EXISTS raw")
-    relation = scan(job.store, job.connection, files) if files else job.connection.from_arrow(schema.empty_table())
+    if files is None:
+        relation = partition_rows(job.store, job.connection, name, schema)
+    else:
+        relation = scan(job.store, job.connection, files) if files else job.connection.from_arrow(schema.empty_table())
     relation.create_view(f"_raw_{name}", replace=True)
     job.connection.execute(f"CREATE OR REPLACE VIEW raw.{name} AS SELECT * FROM _raw_{name}")
 
@@ -102,7 +107,7 @@ def _raw_view(job: StageJob, name: str, schema: pa.Schema, files: list) -> None:
 def fact_blocks(job: StageJob) -> StageResult:
     """The facts and their blocks, split by shard (see the module docstring)."""
     store, connection, shards = job.store, job.connection, job.shards
-    _raw_view(job, "triplets", tables.TRIPLETS, store.partition_files("triplets"))
+    _raw_view(job, "triplets", tables.TRIPLETS)
     _raw_view(job, "entity_resolution", tables.ENTITY_RESOLUTION,
               [store.global_path("canonical_entities", "entity_resolution")])
     _raw_view(job, "canonical_entities", tables.CANONICAL_ENTITIES,
@@ -110,9 +115,11 @@ def fact_blocks(job: StageJob) -> StageResult:
     apply_model(connection, model("triplets"), record=False)  # the view `triplets`, canonical ids and names
     # resolved once: the facts' keys, their links and the split all read it
     connection.execute(f"CREATE TEMP TABLE resolved_triplets AS SELECT {', '.join(tables.RESOLVED_TRIPLETS.names)} FROM triplets")
-    _partition_view(job, "events", "temporal_events", tables.EVENTS)
+    _partition_view(job, "light_events", "temporal_events", tables.EVENTS)
     register_predicate_groups(connection)
-    # the facts without their text and vectors (the bulk of their bytes), which only the split reads
+    # the facts without their text and vectors (the bulk of their bytes), which only the split
+    # reads, from the partitions' files (`facts_for`): the events' light columns have no vector
+    connection.execute("CREATE TEMP VIEW events AS SELECT *, NULL::FLOAT[] AS embedding FROM light_events")
     connection.execute(f"CREATE TEMP TABLE facts AS SELECT * EXCLUDE (statement, embedding) FROM ({fact_events_sql()})",
                        fact_event_parameters())
     connection.execute(f"CREATE TEMP TABLE links AS {LINKS_SQL}")
@@ -612,9 +619,8 @@ def invalidated_events(job: StageJob) -> StageResult:
     positions, listings, position_counts = _positions(job)
     wanted = pa.table({"event_id": pa.array(involved_events(winners, revisions.retired_events, positions), pa.string())})
     connection.register("wanted_events", wanted)
-    events = store.partition_files("temporal_events")
-    timing_rows = (scan(store, connection, events).select("event_id", "invalid_at", "created_at")
-                   .join(connection.table("wanted_events"), "event_id").to_arrow_table().to_pylist() if events else [])
+    timing_rows = (partition_rows(store, connection, "temporal_events", tables.EVENTS).select("event_id", "invalid_at", "created_at")
+                   .join(connection.table("wanted_events"), "event_id").to_arrow_table().to_pylist())
     timing = {row["event_id"]: row for row in timing_rows}
     invalidations = retirements(winners, revisions.retired_events, timing, positions)
     revision_judgments = tables.to_table(revisions.judgments, tables.INVALIDATION_JUDGMENTS)
@@ -695,7 +701,7 @@ def _positions(job: StageJob) -> tuple[dict[str, PositionEnd], list[Listing], di
     chunk_files = store.partition_files("chunks")
     if not chunk_files or not store.partition_files("temporal_events"):
         return {}, [], {}
-    _raw_view(job, "triplets", tables.TRIPLETS, store.partition_files("triplets"))
+    _raw_view(job, "triplets", tables.TRIPLETS)
     _raw_view(job, "entity_resolution", tables.ENTITY_RESOLUTION, [store.global_path("canonical_entities", "entity_resolution")])
     _raw_view(job, "canonical_entities", tables.CANONICAL_ENTITIES, [store.global_path("canonical_entities")])
     apply_model(connection, model("triplets"), record=False)
@@ -718,7 +724,7 @@ def _revisions(job: StageJob) -> FigureRevisions:
     if not files:
         return revise_figures(tables.FIGURES.empty_table())
     read = pa.schema([tables.FIGURES.field(name) for name in READ_COLUMNS])  # the columns the revisions read
-    figures = scan(job.store, job.connection, files).select(*READ_COLUMNS).order("company").to_arrow_table().cast(read)
+    figures = packed(job.store, job.connection, files).select(*READ_COLUMNS).order("company").to_arrow_table().cast(read)
     if figures.num_rows == 0:  # files with no rows (a partial LLM build, calls with no figure)
         return revise_figures(figures)
     companies = figures.column("company")

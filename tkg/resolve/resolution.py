@@ -310,20 +310,27 @@ class MentionSource:
     A mention's place (what "the first description" means, GROUPS_SQL) is its company,
     quarter and entity id, whatever order the files are read in. Its partition
     (`PARTITION_SQL`) is its company and quarter, as each stage writes them into its
-    partition's rows; an in-memory table has none."""
+    partition's rows; an in-memory table has none.
+
+    `light`, when given, is the same mentions without their embeddings (the store's packs,
+    tkg.store.packs): view `view` reads it, and only the evidence, which reads embeddings, reads
+    `relation` (view `<view>_whole`)."""
 
     def __init__(self, connection: duckdb.DuckDBPyConnection, relation: duckdb.DuckDBPyRelation, view: str = "mentions",
-                 partitioned: bool = True) -> None:
-        self.connection, self.view = connection, view
-        relation.create_view(f"_{view}_rows", replace=True)
+                 partitioned: bool = True, light: duckdb.DuckDBPyRelation | None = None) -> None:
+        self.connection, self.view, self.whole_view = connection, view, f"{view}_whole" if light is not None else view
         # Names with their runs of spaces collapsed and ends trimmed, and types defaulted, as the
         # groups key them; the order columns say where each mention stands.
         partition = PARTITION_SQL if partitioned else "NULL::VARCHAR"
-        connection.execute(f"""
-            CREATE OR REPLACE TEMP VIEW {view} AS
-            SELECT entity_id, trim(regexp_replace(name, ' {{2,}}', ' ', 'g'), ' ') AS name, coalesce(type, 'Other') AS type,
-                   description, seen_at, embedding, company, quarter, {partition} AS partition
-            FROM _{view}_rows""")
+        for name, rows, embedding in ((self.whole_view, relation, "embedding, "), (view, light, "")):
+            if rows is None:
+                continue
+            rows.create_view(f"_{name}_rows", replace=True)
+            connection.execute(f"""
+                CREATE OR REPLACE TEMP VIEW {name} AS
+                SELECT entity_id, trim(regexp_replace(name, ' {{2,}}', ' ', 'g'), ' ') AS name, coalesce(type, 'Other') AS type,
+                       description, seen_at, {embedding}company, quarter, {partition} AS partition
+                FROM _{name}_rows""")
 
     @classmethod
     def of_table(cls, mentions: pa.Table, connection: duckdb.DuckDBPyConnection | None = None) -> MentionSource:
@@ -467,7 +474,7 @@ class NameGroups:
         with room_for_duckdb(connection):  # the names above are much of the step's memory at 10M events
             reader = connection.sql(f"""
                 SELECT w."group", m.description, m.embedding, m.partition
-                FROM {source.view} m JOIN _wanted_groups w USING (type, name)
+                FROM {source.whole_view} m JOIN _wanted_groups w USING (type, name)
                 WHERE length(m.name) > 0""").fetch_record_batch(EVIDENCE_BATCH_ROWS)
             for batch in reader:
                 owners = batch.column(0)

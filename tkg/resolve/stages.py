@@ -19,6 +19,7 @@ from tkg.core.results import StageJob, StageResult
 from tkg.resolve.resolution import MentionSource, ResolutionMemo, evidence_memo_groups, partition_key, resolve_entities
 from tkg.resolve.spoken import SpokenForm, call_forms, linked_forms
 from tkg.store.manifest import scan
+from tkg.store.packs import packed, partition_rows
 from tkg.store.parquet import ParquetStore, partition_of
 from tkg.store.warehouse import apply_model, model
 
@@ -45,7 +46,8 @@ def canonical_entities(job: StageJob) -> StageResult:
     previous = store.read(registry) if store.is_file(registry) else None
     now = _partition_files(store, "entities")
     files = sorted(path for path, _, _ in now.values())
-    source = (MentionSource(connection, scan(store, connection, files)) if files
+    # the mentions' names from the packs; their embeddings, which only the evidence reads, from the files
+    source = (MentionSource(connection, scan(store, connection, files), light=packed(store, connection, files)) if files
               else MentionSource(connection, connection.from_arrow(tables.ENTITIES.empty_table())))
     memo = _resolution_memo(job, now)
     resolution = resolve_entities(source, previous, memo)
@@ -111,19 +113,19 @@ def spoken_mentions(job: StageJob) -> StageResult:
             "spoken_mentions": tables.SPOKEN_MENTIONS.empty_table(), "spoken_forms": tables.SPOKEN_FORMS.empty_table(),
             "chunks_read": chunks_read})
     connection.execute("CREATE SCHEMA IF NOT EXISTS raw")
-    for name, schema, files in (("triplets", tables.TRIPLETS, store.partition_files("triplets")),
-                                ("entity_resolution", tables.ENTITY_RESOLUTION,
+    partition_rows(store, connection, "triplets", tables.TRIPLETS).create_view("_raw_triplets", replace=True)
+    for name, schema, files in (("entity_resolution", tables.ENTITY_RESOLUTION,
                                  [store.global_path("canonical_entities", "entity_resolution")]),
                                 ("canonical_entities", tables.CANONICAL_ENTITIES, [store.global_path("canonical_entities")])):
         relation = scan(store, connection, files) if files else connection.from_arrow(schema.empty_table())
         relation.create_view(f"_raw_{name}", replace=True)
+    for name in ("triplets", "entity_resolution", "canonical_entities"):
         connection.execute(f"CREATE OR REPLACE VIEW raw.{name} AS SELECT * FROM _raw_{name}")
     apply_model(connection, model("triplets"), record=False)
-    statement_files = store.partition_files("statements")
-    (scan(store, connection, statement_files) if statement_files else connection.from_arrow(tables.STATEMENTS.empty_table())
-     ).select("statement_id", "chunk_id", "transcript_id").create_view("statements", replace=True)
+    partition_rows(store, connection, "statements", tables.STATEMENTS).select(
+        "statement_id", "chunk_id", "transcript_id").create_view("statements", replace=True)
     chunk_files = sorted(path for path, _, _ in now.values())
-    scan(store, connection, chunk_files).select("chunk_id", "company", "kind").create_view("call_chunks", replace=True)
+    packed(store, connection, chunk_files).select("chunk_id", "company", "kind").create_view("call_chunks", replace=True)
     people: dict[str, dict[str, str]] = {}
     company_people: dict[str, dict[str, str]] = {}  # every call's participants, by company
     for transcript_id, company, participant, canonical_id in connection.execute(_LISTED_PEOPLE_SQL + " ORDER BY ALL").fetchall():

@@ -99,16 +99,23 @@ def scan(store: ParquetStore, connection: Any, files: list[PurePath]) -> Any:
     """`store.relation` over `files`, told the files are uniform when the manifests know every
     one of them written with the same columns (their stamps' schema fingerprints), as every
     partition of a stage written by one tkg is."""
+    schemas = schema_fingerprints(store, files)
+    return store.relation(connection, files, uniform=len(schemas) == 1 and None not in schemas)
+
+
+def schema_fingerprints(store: ParquetStore, files: list[PurePath]) -> set[str | None]:
+    """The schema fingerprints of the files' stamps as the manifests know them (None for a
+    file they do not know, or whose stamp has none)."""
     manifests: dict[str, dict[str, _Entry]] = {}
-    schemas = set()
+    schemas: set[str | None] = set()
     for path in files:
         relative = store.relative(path)
         manifest = manifest_of(relative)
         if manifest not in manifests:
             manifests[manifest] = _read_manifest(store, manifest)
         entry = manifests[manifest].get(relative)
-        schemas.add(entry.stamp.schema if entry is not None and entry.stamp is not None else "")
-    return store.relation(connection, files, uniform=len(schemas) == 1 and "" not in schemas)
+        schemas.add(entry.stamp.schema or None if entry is not None and entry.stamp is not None else None)
+    return schemas
 
 
 # The manifests this process read last, by their files' paths, with their sizes and times: a
