@@ -685,14 +685,18 @@ def markdown(report: dict) -> str:
 
 
 def tkg_revision() -> dict:
-    """The commit, and a hash of uncommitted changes under tkg/ (other sessions edit the tree)."""
+    """The commit, and a hash of uncommitted changes under tkg/ and sql/ (other sessions edit the
+    tree), new files not yet added included."""
     import subprocess
 
     def git(*arguments: str) -> str:
         return subprocess.run(["git", *arguments], check=True, cwd=HERE.parent, capture_output=True, text=True).stdout
 
-    diff = git("diff", "HEAD", "--", "tkg", "sql")
-    return {"commit": git("rev-parse", "HEAD").strip(), "uncommitted_tkg_files": len(git("diff", "HEAD", "--name-only", "--", "tkg", "sql").split()),
+    new = git("ls-files", "--others", "--exclude-standard", "--", "tkg", "sql").split()
+    diff = git("diff", "HEAD", "--", "tkg", "sql") + "".join(f"\n+++ {name}\n" + (HERE.parent / name).read_text(errors="replace")
+                                                             for name in new)
+    changed = git("diff", "HEAD", "--name-only", "--", "tkg", "sql").split()
+    return {"commit": git("rev-parse", "HEAD").strip(), "uncommitted_tkg_files": len(changed) + len(new),
             "uncommitted_diff_sha256": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None}
 
 
