@@ -248,7 +248,7 @@ def _single_holders(listings: list[Listing], rules, propose) -> None:
 
 
 # The HOLDS_ROLE events of the participants lists, with the canonical person and office
-# (views `events`, `triplets` (sql/triplets.sql) and `participant_chunks` (chunk_id, text)).
+# (views `events`, `triplets` (sql/triplets.sql) and `participant_chunks` (chunk_id)).
 LISTINGS_SQL = """
     SELECT t.event_id, e.transcript_id AS call, e.company, e.valid_at AS at, e.created_at AS known_at,
            t.subject_id AS person_id, t.subject AS person, t.subject_mention,

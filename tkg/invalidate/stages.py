@@ -706,10 +706,14 @@ def _positions(job: StageJob) -> tuple[dict[str, PositionEnd], list[Listing], di
     _raw_view(job, "canonical_entities", tables.CANONICAL_ENTITIES, [store.global_path("canonical_entities")])
     apply_model(connection, model("triplets"), record=False)
     _partition_view(job, "events", "temporal_events", tables.EVENTS)
-    scan(store, connection, chunk_files).filter("kind = 'participants'").select("chunk_id", "text").create_view(
+    packed(store, connection, chunk_files).filter("kind = 'participants'").select("chunk_id").create_view(
         "participant_chunks", replace=True)
     rows = connection.sql(LISTINGS_SQL).to_arrow_table().to_pylist()
-    texts = dict(connection.execute("SELECT chunk_id, text FROM participant_chunks").fetchall())
+    # the text of the lists the rows are stated in, from the chunk files (the packs leave text out)
+    connection.register("listed_chunks", pa.table({"chunk_id": pa.array(sorted({row["chunk_id"] for row in rows}), pa.string())}))
+    scan(store, connection, chunk_files).create_view("chunk_texts", replace=True)
+    texts = dict(connection.execute("SELECT chunk_id, text FROM chunk_texts SEMI JOIN listed_chunks USING (chunk_id) "
+                                    "WHERE kind = 'participants'").fetchall())
     listings, unmatched = listings_from_rows(rows, texts)
     ends = end_positions(listings)
     return ends, listings, {"position_listings": len(listings), "position_listings_unmatched": unmatched,
