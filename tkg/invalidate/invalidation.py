@@ -104,8 +104,8 @@ def facts_and_links(events: pa.Table, resolved_triplets: pa.Table) -> tuple[pa.T
         connection.register("events", events)
         connection.register("resolved_triplets", resolved_triplets)
         register_predicate_groups(connection)
-        facts = connection.sql(f"SELECT * FROM ({fact_events_sql()}) ORDER BY event_id",
-                               params=fact_event_parameters()).to_arrow_table()
+        facts = connection.sql(f"SELECT f.*, e.statement, e.embedding FROM ({fact_events_sql()}) f "
+                               "JOIN events e USING (event_id) ORDER BY event_id", params=fact_event_parameters()).to_arrow_table()
         connection.register("facts", facts)
         links = connection.sql(LINKS_SQL + " ORDER BY ALL").to_arrow_table()
     return facts, links

@@ -115,13 +115,11 @@ def fact_blocks(job: StageJob) -> StageResult:
     apply_model(connection, model("triplets"), record=False)  # the view `triplets`, canonical ids and names
     # resolved once: the facts' keys, their links and the split all read it
     connection.execute(f"CREATE TEMP TABLE resolved_triplets AS SELECT {', '.join(tables.RESOLVED_TRIPLETS.names)} FROM triplets")
-    _partition_view(job, "light_events", "temporal_events", tables.EVENTS)
+    _partition_view(job, "events", "temporal_events", tables.EVENTS)
     register_predicate_groups(connection)
     # the facts without their text and vectors (the bulk of their bytes), which only the split
-    # reads, from the partitions' files (`facts_for`): the events' light columns have no vector
-    connection.execute("CREATE TEMP VIEW events AS SELECT *, NULL::FLOAT[] AS embedding FROM light_events")
-    connection.execute(f"CREATE TEMP TABLE facts AS SELECT * EXCLUDE (statement, embedding) FROM ({fact_events_sql()})",
-                       fact_event_parameters())
+    # reads, from the partitions' files (`facts_for`)
+    connection.execute(f"CREATE TEMP TABLE facts AS {fact_events_sql()}", fact_event_parameters())
     connection.execute(f"CREATE TEMP TABLE links AS {LINKS_SQL}")
     connection.execute(f"""
         CREATE TEMP TABLE members AS
