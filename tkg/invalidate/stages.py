@@ -396,15 +396,14 @@ def judged_pairs(job: StageJob) -> StageResult:
     of its two events) is the one it had in the last output keeps its verdict, and only the
     other pairs are judged: the pairs made again, and kept pairs whose events' triplets changed.
     Each judgment is stored with its fingerprint and its unit (tables.SHARD_JUDGMENTS), which
-    the next run compares."""
+    the next run compares. The last output's judgments are read whole twice: once to find the
+    few this run looks at again (TOUCHED_PAIRS_SQL), once to write the others as they are."""
     connection = job.connection
     facts, paired = _pairs_made_now(job)
-    # the pairs to fingerprint: the ones made now, and kept ones whose events' triplets changed
+    # the pairs to fingerprint: the ones made now, and the last output's that stand but whose events' triplets changed
     pair_columns = ", ".join(paired.schema.names)
     connection.execute(f"""CREATE TEMP TABLE shard_pairs AS SELECT {pair_columns} FROM paired_now
-                           UNION ALL SELECT {pair_columns} FROM previous_judgments SEMI JOIN kept_pairs
-                               USING (primary_event_id, secondary_event_id) ANTI JOIN verbatim_pairs
-                               USING (primary_event_id, secondary_event_id)""")
+                           UNION ALL SELECT {pair_columns} FROM touched_pairs WHERE NOT dropped""")
     connection.execute("""CREATE TEMP TABLE pair_events AS SELECT primary_event_id AS event_id FROM shard_pairs
                           UNION SELECT secondary_event_id FROM shard_pairs""")
     connection.register("paired_facts", facts)
@@ -415,29 +414,29 @@ def judged_pairs(job: StageJob) -> StageResult:
     triplets = _split(job, "fact_blocks", "triplets", tables.RESOLVED_TRIPLETS, "SEMI JOIN pair_events USING (event_id)")
     connection.register("shard_triplets", triplets)
     connection.execute(f"CREATE TEMP TABLE shard_fingerprints AS {PAIR_FINGERPRINTS_SQL}")
-    connection.execute("""CREATE TEMP TABLE unchanged AS
-                          SELECT primary_event_id, secondary_event_id FROM verbatim_pairs
-                          UNION ALL SELECT primary_event_id, secondary_event_id FROM shard_fingerprints
-                              SEMI JOIN previous_judgments USING (primary_event_id, secondary_event_id, fingerprint)""")
-    changed = connection.sql("SELECT * FROM shard_pairs ANTI JOIN unchanged USING (primary_event_id, secondary_event_id)")
+    # a touched pair of the last output keeps its verdict when it is fingerprinted now as it was;
+    # the other touched pairs are gone, and every pair fingerprinted now that is not one of those is judged
+    connection.execute("""CREATE TEMP TABLE matched AS SELECT primary_event_id, secondary_event_id FROM shard_fingerprints
+                          SEMI JOIN touched_pairs USING (primary_event_id, secondary_event_id, fingerprint)""")
+    changed = connection.sql("SELECT * FROM shard_pairs ANTI JOIN matched USING (primary_event_id, secondary_event_id)")
     judged, _, judge_counts = judge_pairs(changed.to_arrow_table().cast(paired.schema), pair_facts, triplets,
                                           job.providers.judge)
     connection.register("judged_rows", judged)
     connection.execute("""CREATE TEMP TABLE judged_now AS SELECT j.*, f.fingerprint, f.unit
                           FROM judged_rows j JOIN shard_fingerprints f USING (primary_event_id, secondary_event_id)""")
     columns = ", ".join(tables.SHARD_JUDGMENTS.names)
-    # the last output's judgments read once, each marked kept or not (the ones not kept are gone)
-    connection.execute(f"""CREATE TEMP TABLE previous_verdicts AS
-                           SELECT {', '.join('p.' + name for name in tables.SHARD_JUDGMENTS.names)}, u.kept IS NOT NULL AS kept
-                           FROM previous_judgments p LEFT JOIN (SELECT primary_event_id, secondary_event_id, true AS kept FROM unchanged) u
-                               USING (primary_event_id, secondary_event_id)""")
-    connection.execute(f"""CREATE TEMP VIEW shard_judgments AS
-                           SELECT {columns} FROM previous_verdicts WHERE kept UNION ALL SELECT {columns} FROM judged_now""")
+    connection.execute(f"""CREATE TEMP TABLE gone_judgments AS
+                           SELECT {columns} FROM touched_pairs ANTI JOIN matched USING (primary_event_id, secondary_event_id)""")
+    # the last output's judgments read once more, to leave out the gone ones
+    connection.execute(f"""CREATE TEMP TABLE shard_judgments AS
+                           SELECT {columns} FROM previous_judgments ANTI JOIN gone_judgments
+                               USING (primary_event_id, secondary_event_id)
+                           UNION ALL SELECT {columns} FROM judged_now""")
     retired = (connection.sql(EARLIEST_RETIRER_SQL.format(judgments="shard_judgments", events="event_states"))
                .to_arrow_table().cast(tables.RETIREMENTS))
     pairs, true_verdicts = connection.execute("SELECT count(*), coalesce(count_if(invalidates), 0) FROM shard_judgments").fetchall()[0]
     counts = Counter({"candidate_pairs": pairs, "judged_pairs": pairs, "true_verdicts": true_verdicts,
-                      "pairs_kept": _count(connection, "unchanged"), "pairs_judged_now": judge_counts["judged_pairs"],
+                      "pairs_kept": pairs - _count(connection, "judged_now"), "pairs_judged_now": judge_counts["judged_pairs"],
                       "pairs_made_now": paired.num_rows, "units_paired_now": _count(connection, "repaired_units"),
                       "facts_read": pair_facts.num_rows})
     in_order = "ORDER BY primary_event_id, secondary_event_id"
@@ -455,7 +454,7 @@ def _judgment_changes_since(job: StageJob) -> duckdb.DuckDBPyRelation:
     output, only a row saying so."""
     connection = job.connection
     since = job.store.stamp(job.previous["judgments"]).version if "judgments" in job.previous else None
-    parts = [f"SELECT true AS gone, {JUDGMENT_COLUMNS} FROM previous_verdicts WHERE NOT kept",
+    parts = [f"SELECT true AS gone, {JUDGMENT_COLUMNS} FROM gone_judgments",
              f"SELECT false AS gone, {JUDGMENT_COLUMNS} FROM judged_now"]
     return _judgment_changes(connection, "judgment_changes", since, parts if since is not None else [])
 
@@ -478,8 +477,8 @@ def _judgment_changes(connection: duckdb.DuckDBPyConnection, name: str, since: s
 def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
     """The facts read with their vectors and the pairs made from them (`paired_now` on the
     connection): every unit's on the first run (or after a last output without its memo), the
-    repaired units' on the others; `kept_pairs` and `verbatim_pairs`, the last output's pairs
-    that stand (see judged_pairs)."""
+    repaired units' on the others; `touched_pairs`, the last output's pairs looked at again
+    (see judged_pairs)."""
     connection = job.connection
     _shard_view(job, "fact_blocks", "facts", tables.FACTS, ["event_id", "fact_key", "valid_at"], "fact_rows")
     _shard_view(job, "fact_blocks", "triplets", tables.RESOLVED_TRIPLETS, ["event_id"], "triplet_rows")
@@ -499,12 +498,10 @@ def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
         facts = _split(job, "fact_blocks", "facts", tables.FACTS, "SEMI JOIN repaired_keys USING (fact_key)")
         selected = _split(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS,
                           "SEMI JOIN repaired_selections USING (incoming_event_id, fact_key)")
-        connection.execute(KEPT_PAIRS_SQL)
-    else:
+        connection.execute(TOUCHED_PAIRS_SQL)
+    else:  # every pair of the last output (one an older tkg wrote without its memo) is made again or gone
         connection.execute("""CREATE TEMP TABLE repaired_units AS SELECT unit FROM unit_states;
-                              CREATE TEMP TABLE kept_pairs AS SELECT primary_event_id, secondary_event_id
-                                  FROM previous_judgments LIMIT 0;
-                              CREATE TEMP TABLE verbatim_pairs AS SELECT * FROM kept_pairs""")
+                              CREATE TEMP TABLE touched_pairs AS SELECT *, true AS dropped FROM previous_judgments""")
         facts = _split(job, "fact_blocks", "facts", tables.FACTS)
         selected = _split(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS)
     paired = pair_candidates(facts, selected, policy.POLICY.min_cosine)
@@ -565,23 +562,24 @@ REPAIRED_UNITS_SQL = """
     SELECT e.fact_key FROM repaired_selections s JOIN event_states e ON e.event_id = s.incoming_event_id
     UNION SELECT fact_key FROM repaired_selections"""
 
-# The last output's pairs that stand: neither fact of the pair is a dirty key (none of its events
-# was one of a dirty key's in the last output) and their unit (stored with the judgment) is not
-# paired again. `verbatim`: neither event's triplets changed either, so the pair keeps its
-# fingerprint and verdict as they are; the others are fingerprinted again.
-KEPT_PAIRS_SQL = """
-    CREATE TEMP TABLE kept_pairs AS
+# The last output's pairs this run looks at again (`touched_pairs`, with their judgments), found
+# in one pass over them: those that do not stand (`dropped`: a fact of the pair is a dirty key,
+# one of its events was one of a dirty key's in the last output, or their unit, stored with the
+# judgment, is paired again), and those that stand but whose events' triplets changed, which
+# are fingerprinted again. Every other pair keeps its fingerprint and verdict as they are.
+TOUCHED_PAIRS_SQL = """
+    CREATE TEMP TABLE touched_pairs AS
     WITH dirty_events AS (SELECT event_id FROM previous_paired_events SEMI JOIN dirty_keys USING (fact_key)),
     triplets_changed AS (SELECT event_id FROM (SELECT event_id, triplets_hash FROM event_states
-                                               EXCEPT SELECT event_id, triplets_hash FROM previous_paired_events))
-    SELECT primary_event_id, secondary_event_id,
-           primary_event_id NOT IN (SELECT event_id FROM triplets_changed)
-           AND secondary_event_id NOT IN (SELECT event_id FROM triplets_changed) AS verbatim
-    FROM previous_judgments
-    WHERE unit NOT IN (SELECT unit FROM dirty_units)
-      AND primary_event_id NOT IN (SELECT event_id FROM dirty_events)
-      AND secondary_event_id NOT IN (SELECT event_id FROM dirty_events);
-    CREATE TEMP TABLE verbatim_pairs AS SELECT primary_event_id, secondary_event_id FROM kept_pairs WHERE verbatim"""
+                                               EXCEPT SELECT event_id, triplets_hash FROM previous_paired_events)),
+    marked AS (
+        SELECT *, unit IN (SELECT unit FROM dirty_units)
+                  OR primary_event_id IN (SELECT event_id FROM dirty_events)
+                  OR secondary_event_id IN (SELECT event_id FROM dirty_events) AS dropped,
+               primary_event_id IN (SELECT event_id FROM triplets_changed)
+               OR secondary_event_id IN (SELECT event_id FROM triplets_changed) AS rechecked
+        FROM previous_judgments)
+    SELECT * EXCLUDE (rechecked) FROM marked WHERE dropped OR rechecked"""
 
 
 # A fingerprint of each judge pair (a 64-bit hash, compared only with the same pair's last one):
