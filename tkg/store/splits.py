@@ -287,11 +287,16 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
         changed = before = 0
         for split in splits:
             _previous_hashes(store, connection, asset, split, chains[split.name], shard_keys)
-            same = f"USING (shard, {IDENTITY})"
-            connection.execute(f"CREATE OR REPLACE TEMP TABLE _new_{split.name} AS "
-                               f"SELECT * FROM _now_{split.name} ANTI JOIN _before_{split.name} {same}")
-            connection.execute(f"CREATE OR REPLACE TEMP TABLE _gone_{split.name} AS "
-                               f"SELECT * FROM _before_{split.name} ANTI JOIN _now_{split.name} {same}")
+            # the rows on one side alone, in one join: new (now, not before) and gone (before, not now)
+            connection.execute(f"""CREATE OR REPLACE TEMP TABLE _diff_{split.name} AS
+                                   SELECT coalesce(n.shard, b.shard) AS shard, coalesce(n.{KEY_HASH}, b.{KEY_HASH}) AS {KEY_HASH},
+                                          coalesce(n.{ROW_HASH}, b.{ROW_HASH}) AS {ROW_HASH}, n.shard IS NOT NULL AS new
+                                   FROM _now_{split.name} n FULL JOIN _before_{split.name} b
+                                       ON n.shard = b.shard AND n.{KEY_HASH} = b.{KEY_HASH} AND n.{ROW_HASH} = b.{ROW_HASH}
+                                   WHERE n.shard IS NULL OR b.shard IS NULL""")
+            for name, side in (("new", ""), ("gone", "NOT ")):
+                connection.execute(f"CREATE OR REPLACE TEMP VIEW _{name}_{split.name} AS "
+                                   f"SELECT shard, {IDENTITY} FROM _diff_{split.name} WHERE {side}new")
             before += _count(connection, f"_before_all_{split.name}" if split.replaces else f"_before_{split.name}")
             delta_rows[split.name] = _count(connection, f"_new_{split.name}") + _count(connection, f"_gone_{split.name}")
             changed += delta_rows[split.name] + sum(chains[split.name].delta_rows)
@@ -300,19 +305,23 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
     for split in splits:
         folder = store.split_folder(asset, version, split.name)
         file_schema = _with(split.schema, (KEY_HASH, pa.uint64()), (ROW_HASH, pa.uint64()), ("shard", pa.string()))
-        if delta:
-            # the keys of the new rows: a pass over the rows' key columns alone
+        if delta and split.rows_for is None:
+            # the new rows are among the given ones, named by their key hash (unique in a shard)
+            rows = connection.sql(f"""SELECT r.* EXCLUDE (_key_now), n.{KEY_HASH}, n.{ROW_HASH}
+                                      FROM (SELECT *, {split.key_hash_sql} AS _key_now FROM _given_{split.name}) r
+                                      JOIN _new_{split.name} n ON n.shard = r.shard AND n.{KEY_HASH} = r._key_now""")
+        elif delta:
+            # the keys of the new rows (a pass over the rows' key columns alone), which the split
+            # reads whole from where they are
             key = _quoted(split.key)
             connection.execute(f"""CREATE OR REPLACE TEMP TABLE _wanted_{split.name} AS
                                    SELECT r.shard, {key}, n.{KEY_HASH}, n.{ROW_HASH}
                                    FROM (SELECT shard, {key}, {split.key_hash_sql} AS {KEY_HASH} FROM _given_{split.name}) r
                                    JOIN _new_{split.name} n USING (shard, {KEY_HASH})""")
-            source = f"_given_{split.name}"  # the new rows are among the given ones
-            if split.rows_for is not None:
-                split.rows_for(f"_wanted_{split.name}").create_view(f"_rows_for_{split.name}", replace=True)
-                source = f"_rows_for_{split.name}"
-            rows = connection.sql(f"SELECT r.*, n.{KEY_HASH}, n.{ROW_HASH} FROM {source} r "
+            split.rows_for(f"_wanted_{split.name}").create_view(f"_rows_for_{split.name}", replace=True)
+            rows = connection.sql(f"SELECT r.*, n.{KEY_HASH}, n.{ROW_HASH} FROM _rows_for_{split.name} r "
                                   f"JOIN _wanted_{split.name} n USING (shard, {key})")
+        if delta:
             store.write_split(folder, relation_batches(rows, file_schema))
             gone_schema = pa.schema([(KEY_HASH, pa.uint64()), (ROW_HASH, pa.uint64()), ("shard", pa.string())])
             store.write_split(store.split_folder(asset, version, split.name + DELETED),
