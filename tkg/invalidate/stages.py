@@ -572,12 +572,12 @@ TOUCHED_PAIRS_SQL = """
     WITH dirty_events AS (SELECT event_id FROM previous_paired_events SEMI JOIN dirty_keys USING (fact_key)),
     triplets_changed AS (SELECT event_id FROM (SELECT event_id, triplets_hash FROM event_states
                                                EXCEPT SELECT event_id, triplets_hash FROM previous_paired_events)),
-    marked AS (
-        SELECT *, unit IN (SELECT unit FROM dirty_units)
-                  OR primary_event_id IN (SELECT event_id FROM dirty_events)
-                  OR secondary_event_id IN (SELECT event_id FROM dirty_events) AS dropped,
-               primary_event_id IN (SELECT event_id FROM triplets_changed)
-               OR secondary_event_id IN (SELECT event_id FROM triplets_changed) AS rechecked
+    marked AS (  -- a pair whose state is unknown (a NULL) counts as dropped
+        SELECT *, coalesce(unit IN (SELECT unit FROM dirty_units)
+                           OR primary_event_id IN (SELECT event_id FROM dirty_events)
+                           OR secondary_event_id IN (SELECT event_id FROM dirty_events), true) AS dropped,
+               coalesce(primary_event_id IN (SELECT event_id FROM triplets_changed)
+                        OR secondary_event_id IN (SELECT event_id FROM triplets_changed), true) AS rechecked
         FROM previous_judgments)
     SELECT * EXCLUDE (rechecked) FROM marked WHERE dropped OR rechecked"""
 
