@@ -43,6 +43,7 @@ from tkg.core.machine import (
     usable_cores,
 )
 from tkg.core.companies import DEFAULT_COMPANIES_FILE
+from tkg.invalidate import stages as invalidate_stages
 from tkg.settings import Settings
 from tkg.store import packs
 from tkg.store.parquet import ParquetStore
@@ -430,10 +431,20 @@ MEMOISED_TABLES = [("candidate_ranks", "ranked_members"), ("candidate_ranks", "c
 
 
 def _shard_outputs(home: Path) -> dict[str, object]:
-    """Every shard step's output tables as they are stored (row order included)."""
+    """Every shard step's output tables as they are stored (row order included); a shard's
+    candidate ranks as they stack (its base and the changes since, tkg.invalidate.stages.stack_ranks)."""
     store = ParquetStore(home)
-    return {f"{stage}/{path.parent.name}/{table}": store.read(path).replace_schema_metadata(None)
+    return {f"{stage}/{path.parent.name}/{table}": (_stacked_ranks(store, path) if table == "candidate_ranks"
+                                                    else store.read(path).replace_schema_metadata(None))
             for stage, table in MEMOISED_TABLES for path in sorted((home / "parquet" / stage).glob(f"shard=*/{table}.parquet"))}
+
+
+def _stacked_ranks(store: ParquetStore, path: Path) -> object:
+    base = path.with_name("rank_base.parquet")
+    paths = {"candidate_ranks": path, **({"rank_base": base} if base.exists() else {})}
+    with duckdb.connect() as connection:
+        invalidate_stages.stack_ranks(store, connection, paths, "ranks")
+        return connection.sql("SELECT * FROM ranks ORDER BY ALL").to_arrow_table()
 
 
 @needs_corpus
@@ -447,6 +458,8 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     build packs every partition, and the increment reads the withdrawn call's rows no more
     and the new quarter's from their files."""
     monkeypatch.setattr(packs, "MIN_FILES", 4)  # two companies' calls: few enough to be read as files
+    # two companies' quarter changes more of a shard's ranks than a big store's: written as changes all the same
+    monkeypatch.setattr(invalidate_stages, "RANKS_DELTA_SHARE", 1.0)
     calls = sorted((two_companies / "parquet" / "transcripts").glob("company=*/quarter=*"))
     newest = max(path.name for path in calls)
     withdrawn = calls[0].relative_to(two_companies / "parquet" / "transcripts")
@@ -488,9 +501,13 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert cold_report.counts["pairs_made_now"] == cold_report.counts["candidate_pairs"]
     assert 0 < report.counts["pairs_made_now"] < report.counts["candidate_pairs"]
     assert 0 < report.counts["units_paired_now"] < cold_report.counts["units_paired_now"]
+    # the ranks: the increment wrote each shard's changes on its base, the cold build every row
+    assert report.counts["ranks_written_whole"] == 0 and cold_report.counts["ranks_written_whole"] == 3
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert increment.keys() == built.keys() and len(built) == 3 * len(MEMOISED_TABLES)
     assert [name for name in built if not increment[name].equals(built[name])] == []
+    changes = [ParquetStore(home).read(path).num_rows for path in (home / "parquet" / "candidate_ranks").glob("shard=*/candidate_ranks.parquet")]
+    assert all(rows > 0 for rows in changes) and sum(changes) < report.counts["ranked"]
     assert _graph(home) == _graph(cold)
     # resolution's memo: the new calls' entity files added, the withdrawn call's gone
     # (tests/test_resolution.py has the evidence added to)
@@ -523,6 +540,21 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     fresh = publish(ParquetStore(home), tmp_path / "fresh.duckdb", raw_tables())
     assert fresh.tables["invalidation_judgments"] == "loaded" and fresh.in_place == {}
     assert published_rows(home / "tkg.duckdb") == published_rows(fresh.path)
+
+    # another call withdrawn from both: the increment's ranks take its changes into the changes
+    # they hold since their base, and stack as the cold build's (one change on a whole base) do
+    second = calls[1].relative_to(two_companies / "parquet" / "transcripts")
+    for root in (home, cold):
+        for folder in (root / "parquet").glob(f"*/{second}"):
+            shutil.rmtree(folder)
+    again, cold_again = finish_graph(_runtime(home, 3)), finish_graph(_runtime(cold, 3))
+    assert again.counts["incoming_changed"] > 0
+    assert again.counts["ranks_written_whole"] == cold_again.counts["ranks_written_whole"] == 0
+    increment, built = _shard_outputs(home), _shard_outputs(cold)
+    assert [name for name in built if not increment[name].equals(built[name])] == []
+    assert _split_tables(home) == _split_tables(cold)
+    # one base per shard, the first build's, which both increments' changes stand on
+    assert len(list((home / "parquet" / "candidate_ranks").glob("shard=*/v=*"))) == 3
 
 
 def _split_tables(home: Path) -> dict[str, object]:

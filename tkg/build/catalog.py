@@ -187,11 +187,12 @@ STAGES: tuple[Stage, ...] = (
         "One shard's blocks swept in time: for each incoming fact, its best candidate facts per type (cosine, time "
         "overlap, a shared entity), cut to the top k in each block; a block whose members did not change keeps its ranks, "
         "and one that only gained members ranks only the pairs with a new one. It names the incoming facts whose ranks "
-        "changed since its last output (rank_changes), so the selection redoes only theirs.",
+        "changed since its last output (rank_changes), so the selection redoes only theirs. The ranks are stored as a "
+        "base and the changes since it (a quarter writes the incoming facts whose ranks it changed, not every rank).",
         code_version=lambda f: f"{INVALIDATION_VERSION}:{f.policy}", compute=invalidate.candidate_ranks,
         inputs=("fact_blocks",), kind="shard", published=False,
         tables=(Table("ranked_members", tables.RANKED_MEMBERS), Table("rank_changes", tables.RANK_CHANGES),
-                Table("candidate_ranks", tables.CANDIDATE_RANKS))),
+                Table("rank_base", tables.RANK_BASE, memo=True), Table("candidate_ranks", tables.CANDIDATE_RANKS))),
     Stage(
         "candidate_selection", "invalidation",
         "Every shard's ranks merged: each incoming fact's top k candidate facts over all its blocks, each sent to the "

@@ -170,6 +170,9 @@ CANDIDATE_RANKS = pa.schema([
     ("incoming_event_id", pa.string()), ("candidate_dynamic", pa.bool_()), ("fact_key", pa.string()),
     ("cosine", pa.float32()), ("block_entity", pa.string()), ("block_group", pa.int8()), ("predicate_group", pa.int8()),
 ])
+# The base a shard's candidate ranks are stacked on: its file (relative to the shard's folder)
+# and rows (tkg.invalidate.stages.stack_ranks).
+RANK_BASE = pa.schema([("file", pa.string()), ("rows", pa.int64())])
 # The block members a shard's candidate ranks cover, each with a fingerprint of its fact.
 RANKED_MEMBERS = pa.schema([("canonical_id", pa.string()), ("predicate_group", pa.int8()), ("event_id", pa.string()),
                             ("fingerprint", pa.uint64())])

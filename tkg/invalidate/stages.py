@@ -37,10 +37,11 @@ from datetime import date
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from duckdb.sqltypes import BLOB, FLOAT
 
 from tkg.core import policy, tables
-from tkg.core.results import StageJob, StageResult
+from tkg.core.results import StageIncomplete, StageJob, StageResult
 from tkg.core.versions import stamp_of_schema
 from tkg.invalidate.candidates import merge_ranks, pair_candidates, rank_candidates, select_ranked, vector_blobs
 from tkg.invalidate.invalidation import (
@@ -67,7 +68,7 @@ from tkg.invalidate.retention import retention_settings, score_facts
 from tkg.invalidate.revisions import READ_COLUMNS, FigureRevisions, revise_figures
 from tkg.store.manifest import scan, stamped_files
 from tkg.store.packs import packed, partition_rows
-from tkg.store.parquet import partition_of
+from tkg.store.parquet import partition_of, relation_batches
 from tkg.store.splits import ROW_HASH, Replaced, SplitRows, shard_rows, version_rows
 from tkg.store.warehouse import apply_model, model
 
@@ -218,8 +219,9 @@ def candidate_ranks(job: StageJob) -> StageResult:
     - kept: the same members with the same fingerprints; its rows are kept;
     - grown: every earlier member unchanged, and new ones (a new quarter's facts): only the
       pairs with a new member are ranked, and merged with its earlier rows (`merge_ranks`);
-    - ranked in full otherwise (a member changed or left, or the block is new)."""
-    connection, rules = job.connection, policy.POLICY
+    - ranked in full otherwise (a member changed or left, or the block is new).
+    The ranks are written as changes on the last output's base (`stack_ranks`)."""
+    connection, rules, store = job.connection, policy.POLICY, job.store
     # a fact's fingerprint is its row's hash in the split (which stands for its vector too), so
     # the vectors are read only for the facts of the blocks ranked now
     fact_hashes = shard_rows(job.store, connection, "fact_blocks", job.versions["fact_blocks"], "facts", job.shard,
@@ -233,12 +235,15 @@ def candidate_ranks(job: StageJob) -> StageResult:
         SELECT m.canonical_id, m.predicate_group, m.event_id, f.{ROW_HASH} AS fingerprint
         FROM shard_members m JOIN fact_hashes f USING (event_id) ORDER BY ALL""").to_arrow_table().cast(tables.RANKED_MEMBERS)
     connection.register("current_members", ranked_members)
+    folder = store.shard_path("candidate_ranks", job.shard).parent
     if job.previous:
-        job.store.relation(connection, [job.previous["ranked_members"]]).create_view("previous_members", replace=True)
-        job.store.relation(connection, [job.previous["candidate_ranks"]]).create_view("previous_ranks", replace=True)
+        store.relation(connection, [job.previous["ranked_members"]]).create_view("previous_members", replace=True)
+        base = stack_ranks(store, connection, job.previous, "previous_ranks")
     else:
         connection.from_arrow(tables.RANKED_MEMBERS.empty_table()).create_view("previous_members", replace=True)
         connection.from_arrow(tables.CANDIDATE_RANKS.empty_table()).create_view("previous_ranks", replace=True)
+        base = None
+    _drop_bases(store, folder, keep=base)
     connection.execute("""
         CREATE TEMP TABLE block_states AS
         WITH now AS (SELECT canonical_id, predicate_group, count(*) AS members FROM current_members GROUP BY ALL),
@@ -282,12 +287,11 @@ def candidate_ranks(job: StageJob) -> StageResult:
         SELECT * FROM previous_kept SEMI JOIN touched USING (block_entity, block_group, incoming_event_id, candidate_dynamic)
         UNION ALL SELECT * FROM grown_delta""")
     connection.register("merged", merge_ranks(connection, "touched_parts", rules.top_k).to_arrow_table())
-    ranks = connection.sql("""
+    connection.execute("""
+        CREATE TEMP VIEW ranks_now AS
         SELECT * FROM previous_kept ANTI JOIN touched USING (block_entity, block_group, incoming_event_id, candidate_dynamic)
         UNION ALL SELECT * FROM ranked_in_full
-        UNION ALL SELECT * FROM merged
-        ORDER BY block_entity, block_group, incoming_event_id, candidate_dynamic, fact_key
-        """).to_arrow_table().cast(tables.CANDIDATE_RANKS)
+        UNION ALL SELECT * FROM merged""")
     # the incoming events whose rows are not the last output's: of blocks ranked in full, merged
     # with a new member's pairs, or gone (an earlier row of a block neither kept nor grown)
     changed = connection.sql("""
@@ -295,15 +299,87 @@ def candidate_ranks(job: StageJob) -> StageResult:
         UNION SELECT r.incoming_event_id FROM previous_ranks r ANTI JOIN block_states b
               ON r.block_entity = b.canonical_id AND r.block_group = b.predicate_group AND b.state IN ('kept', 'grown')
         ORDER BY incoming_event_id""").to_arrow_table().column(0)
-    since = job.store.stamp(job.previous["candidate_ranks"]).version if job.previous else None
+    connection.register("changed_now", pa.table({"incoming_event_id": changed}))
+    since = store.stamp(job.previous["candidate_ranks"]).version if job.previous else None
     rank_changes = pa.table({"since_version": pa.array([since] * (len(changed) + 1), pa.string()),
                              "incoming_event_id": pa.concat_arrays([pa.nulls(1, pa.string()), *changed.cast(pa.string()).chunks])})
+    last_base = base
+    base, changes, ranked = _ranks_written(store, connection, folder, base)
     states = dict(connection.execute("SELECT state, count(*) FROM block_states GROUP BY state").fetchall())
-    return StageResult(ranks, tables={"ranked_members": ranked_members, "rank_changes": rank_changes, "candidate_ranks": ranks},
+    return StageResult(tables.CANDIDATE_RANKS.empty_table(), rows=ranked,
+                       tables={"ranked_members": ranked_members, "rank_changes": rank_changes,
+                               "rank_base": pa.table({"file": [base["file"]], "rows": [base["rows"]]}, schema=tables.RANK_BASE),
+                               "candidate_ranks": changes},
                        counts=Counter({"facts": _count(connection, "fact_hashes"), "facts_read": facts.num_rows,
-                                       "ranked": ranks.num_rows, "blocks": sum(states.values()),
+                                       "ranked": ranked, "blocks": sum(states.values()),
                                        "blocks_kept": states.get("kept", 0), "blocks_grown": states.get("grown", 0),
-                                       "blocks_ranked": states.get("ranked", 0), "incoming_changed": len(changed)}))
+                                       "blocks_ranked": states.get("ranked", 0), "incoming_changed": len(changed),
+                                       "ranks_written_whole": int(base is not last_base)}))
+
+
+# A shard's candidate ranks are stored as a base and the changes since it. The base holds every
+# row as ranked when the shard was last written whole (`v=<id>/candidate_ranks.parquet` in the
+# shard's folder, named by its `rank_base`). The shard's `candidate_ranks` holds, for each incoming
+# event whose rows changed since then, a row naming it (its fact_key NULL) and its rows now. So a
+# quarter writes the rows it changed, not the shard's every row (1.4 million at 5M events), and the
+# shard is written whole again once its changes hold more than RANKS_DELTA_SHARE of the base's rows.
+RANKS_DELTA_SHARE = 0.25
+RANK_COLUMNS = ", ".join(tables.CANDIDATE_RANKS.names)
+_RANK_ORDER = "ORDER BY block_entity, block_group, incoming_event_id, candidate_dynamic, fact_key"
+
+
+def stack_ranks(store, connection: duckdb.DuckDBPyConnection, paths: dict, name: str) -> dict | None:
+    """View `name`: one shard's candidate ranks as stored (`paths`: its files by table name), the
+    base's rows of the incoming events its changes do not name, and the changes' rows; the
+    base (`rank_base`'s row), or None when the shard's `candidate_ranks` holds every row (as an
+    older tkg wrote it)."""
+    changes = paths["candidate_ranks"]
+    store.relation(connection, [changes]).create_view(f"{name}_changes", replace=True)
+    bases = store.read(paths["rank_base"]).to_pylist() if "rank_base" in paths else []
+    if not bases:
+        connection.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS "
+                           f"SELECT {RANK_COLUMNS} FROM {name}_changes WHERE fact_key IS NOT NULL")
+        return None
+    store.relation(connection, [changes.parent / bases[0]["file"]]).create_view(f"{name}_base", replace=True)
+    connection.execute(f"""CREATE OR REPLACE TEMP VIEW {name} AS
+                           SELECT {RANK_COLUMNS} FROM {name}_base ANTI JOIN {name}_changes USING (incoming_event_id)
+                           UNION ALL SELECT {RANK_COLUMNS} FROM {name}_changes WHERE fact_key IS NOT NULL""")
+    return bases[0]
+
+
+def _ranks_written(store, connection: duckdb.DuckDBPyConnection, folder, base: dict | None) -> tuple[dict, pa.Table, int]:
+    """The shard's ranks now (`ranks_now`) as a base and its changes (`stack_ranks`): on the last
+    output's base (`base`, its views `previous_ranks_*`) with the changes of the incoming events
+    in `changed_now` merged into its changes; or, without one or past RANKS_DELTA_SHARE of it, a
+    new base of every row. Returns the base, the changes and the shard's rows."""
+    if base is not None:
+        connection.execute(f"""
+            CREATE TEMP TABLE rank_changes_now AS
+            SELECT {RANK_COLUMNS} FROM previous_ranks_changes ANTI JOIN changed_now USING (incoming_event_id)
+            UNION ALL SELECT incoming_event_id, NULL::BOOLEAN, NULL::VARCHAR, NULL::FLOAT, NULL::VARCHAR, NULL::TINYINT,
+                             NULL::TINYINT FROM changed_now
+            UNION ALL SELECT {RANK_COLUMNS} FROM ranks_now SEMI JOIN changed_now USING (incoming_event_id)""")
+        if _count(connection, "rank_changes_now") <= RANKS_DELTA_SHARE * base["rows"]:
+            ranked = connection.execute(f"""
+                SELECT (SELECT count(*) FROM previous_ranks_base ANTI JOIN rank_changes_now USING (incoming_event_id))
+                     + (SELECT count(*) FROM rank_changes_now WHERE fact_key IS NOT NULL)""").fetchall()[0][0]
+            changes = connection.sql(f"SELECT * FROM rank_changes_now {_RANK_ORDER}").to_arrow_table()
+            return base, changes.cast(tables.CANDIDATE_RANKS), ranked
+    file = f"v={uuid.uuid4().hex[:16]}/candidate_ranks.parquet"
+    written = store.write(folder / file, relation_batches(connection.sql(f"SELECT * FROM ranks_now {_RANK_ORDER}"),
+                                                          tables.CANDIDATE_RANKS))
+    rows = store.metadata(written).num_rows
+    return {"file": file, "rows": rows}, tables.CANDIDATE_RANKS.empty_table(), rows
+
+
+def _drop_bases(store, folder, keep: dict | None) -> None:
+    """Remove the shard's bases but `keep` (the last output's): ones its later outputs replaced,
+    or that a run which failed before its output was written left."""
+    kept = keep["file"].split("/", 1)[0] if keep else None
+    for info in store.filesystem.get_file_info(pafs.FileSelector(str(folder), allow_not_found=True)):
+        name = info.path.rsplit("/", 1)[-1]
+        if info.type == pafs.FileType.Directory and name.startswith("v=") and name != kept:
+            store.delete_folder(folder / name)
 
 
 def candidate_selection(job: StageJob) -> StageResult:
@@ -318,10 +394,20 @@ def candidate_selection(job: StageJob) -> StageResult:
     store, connection = job.store, job.connection
     files = {shard: store.shard_path("candidate_ranks", shard) for shard in job.shard_keys
              if store.is_file(store.shard_path("candidate_ranks", shard))}
-    relation = (store.relation(connection, list(files.values())) if files
-                else connection.from_arrow(tables.CANDIDATE_RANKS.empty_table()))
-    relation.create_view("ranks", replace=True)
     read = {shard: store.stamp(path).version for shard, path in files.items()}
+    for shard, path in files.items():
+        paths = {"candidate_ranks": path}
+        base = store.shard_path("candidate_ranks", shard, "rank_base")
+        if store.is_file(base):
+            if store.stamp(base) != store.stamp(path):
+                raise StageIncomplete("candidate_selection", None, f"shard {shard}'s candidate ranks are half-written (its "
+                                      "rank_base and candidate_ranks files are of two runs); run candidate_ranks again")
+            paths["rank_base"] = base
+        stack_ranks(store, connection, paths, f"ranks_{shard}")
+    if files:
+        connection.execute(f"CREATE OR REPLACE TEMP VIEW ranks AS {' UNION ALL '.join(f'SELECT * FROM ranks_{key}' for key in files)}")
+    else:
+        connection.from_arrow(tables.CANDIDATE_RANKS.empty_table()).create_view("ranks", replace=True)
     changed = _changed_incoming(job, read)
     top_k = policy.POLICY.top_k
     if changed is None:
