@@ -7,7 +7,8 @@ once per shard, on that shard's rows alone (one process, its memory bounded by i
     fact_blocks (global)        the facts, their blocks and shards; each shard's facts, block
                                 members and canonical triplets written in a folder of its own
     candidate_ranks (shard)     rank: each incoming fact's best candidate facts in the shard,
-                                and which incoming facts' ranks changed since its last output
+                                and which incoming facts' ranks changed since its last output;
+                                stored as a base and the changes since it (`stack_ranks`)
     candidate_selection (global) select: each incoming fact's top k over every shard, sent to
                                 the shard of the smallest block holding both (the exact merge of
                                 an event whose blocks span shards); only the facts whose ranks
@@ -304,7 +305,7 @@ def candidate_ranks(job: StageJob) -> StageResult:
     rank_changes = pa.table({"since_version": pa.array([since] * (len(changed) + 1), pa.string()),
                              "incoming_event_id": pa.concat_arrays([pa.nulls(1, pa.string()), *changed.cast(pa.string()).chunks])})
     last_base = base
-    base, changes, ranked = _ranks_written(store, connection, folder, base)
+    base, changes, ranked = _ranks_written(store, connection, folder, job.shard, base)
     states = dict(connection.execute("SELECT state, count(*) FROM block_states GROUP BY state").fetchall())
     return StageResult(tables.CANDIDATE_RANKS.empty_table(), rows=ranked,
                        tables={"ranked_members": ranked_members, "rank_changes": rank_changes,
@@ -325,6 +326,9 @@ def candidate_ranks(job: StageJob) -> StageResult:
 # shard is written whole again once its changes hold more than RANKS_DELTA_SHARE of the base's rows.
 RANKS_DELTA_SHARE = 0.25
 RANK_COLUMNS = ", ".join(tables.CANDIDATE_RANKS.names)
+# A base's rows carry their shard: the selection reads every shard's base in one scan, and drops
+# the rows of the incoming facts each shard's changes replace by (shard, incoming fact).
+BASE_RANKS = pa.schema([*tables.CANDIDATE_RANKS, ("_shard", pa.string())])
 _RANK_ORDER = "ORDER BY block_entity, block_group, incoming_event_id, candidate_dynamic, fact_key"
 
 
@@ -347,7 +351,8 @@ def stack_ranks(store, connection: duckdb.DuckDBPyConnection, paths: dict, name:
     return bases[0]
 
 
-def _ranks_written(store, connection: duckdb.DuckDBPyConnection, folder, base: dict | None) -> tuple[dict, pa.Table, int]:
+def _ranks_written(store, connection: duckdb.DuckDBPyConnection, folder, shard: str, base: dict | None
+                   ) -> tuple[dict, pa.Table, int]:
     """The shard's ranks now (`ranks_now`) as a base and its changes (`stack_ranks`): on the last
     output's base (`base`, its views `previous_ranks_*`) with the changes of the incoming events
     in `changed_now` merged into its changes; or, without one or past RANKS_DELTA_SHARE of it, a
@@ -366,8 +371,8 @@ def _ranks_written(store, connection: duckdb.DuckDBPyConnection, folder, base: d
             changes = connection.sql(f"SELECT * FROM rank_changes_now {_RANK_ORDER}").to_arrow_table()
             return base, changes.cast(tables.CANDIDATE_RANKS), ranked
     file = f"v={uuid.uuid4().hex[:16]}/candidate_ranks.parquet"
-    written = store.write(folder / file, relation_batches(connection.sql(f"SELECT * FROM ranks_now {_RANK_ORDER}"),
-                                                          tables.CANDIDATE_RANKS))
+    rows = connection.sql(f"SELECT *, $shard AS _shard FROM ranks_now {_RANK_ORDER}", params={"shard": shard})
+    written = store.write(folder / file, relation_batches(rows, BASE_RANKS))
     rows = store.metadata(written).num_rows
     return {"file": file, "rows": rows}, tables.CANDIDATE_RANKS.empty_table(), rows
 
@@ -395,19 +400,32 @@ def candidate_selection(job: StageJob) -> StageResult:
     files = {shard: store.shard_path("candidate_ranks", shard) for shard in job.shard_keys
              if store.is_file(store.shard_path("candidate_ranks", shard))}
     read = {shard: store.stamp(path).version for shard, path in files.items()}
+    # every shard's whole rows in one scan (its base, or an older tkg's file of every row), less
+    # the incoming facts a shard's changes replace, and the changes' rows (see stack_ranks)
+    whole, changes, replaced = [], [], []
     for shard, path in files.items():
-        paths = {"candidate_ranks": path}
         base = store.shard_path("candidate_ranks", shard, "rank_base")
-        if store.is_file(base):
-            if store.stamp(base) != store.stamp(path):
-                raise StageIncomplete("candidate_selection", None, f"shard {shard}'s candidate ranks are half-written (its "
-                                      "rank_base and candidate_ranks files are of two runs); run candidate_ranks again")
-            paths["rank_base"] = base
-        stack_ranks(store, connection, paths, f"ranks_{shard}")
-    if files:
-        connection.execute(f"CREATE OR REPLACE TEMP VIEW ranks AS {' UNION ALL '.join(f'SELECT * FROM ranks_{key}' for key in files)}")
+        if not store.is_file(base):
+            whole.append(path)
+            continue
+        if store.stamp(base) != store.stamp(path):
+            raise StageIncomplete("candidate_selection", None, f"shard {shard}'s candidate ranks are half-written (its "
+                                  "rank_base and candidate_ranks files are of two runs); run candidate_ranks again")
+        whole.append(path.parent / store.read(base)["file"][0].as_py())
+        if store.metadata(path).num_rows:
+            changes.append(path)
+            ids = store.relation(connection, [path]).filter("fact_key IS NULL").select("incoming_event_id").to_arrow_table()
+            replaced.append(ids.append_column("_shard", pa.array([shard] * ids.num_rows, pa.string())))
+    (store.relation(connection, whole) if whole else connection.from_arrow(tables.CANDIDATE_RANKS.empty_table())
+     ).create_view("whole_ranks", replace=True)
+    if changes:
+        connection.register("replaced_ranks", pa.concat_tables(replaced))
+        store.relation(connection, changes).create_view("rank_changes_read", replace=True)
+        connection.execute(f"""CREATE OR REPLACE TEMP VIEW ranks AS
+                               SELECT {RANK_COLUMNS} FROM whole_ranks ANTI JOIN replaced_ranks USING (_shard, incoming_event_id)
+                               UNION ALL SELECT {RANK_COLUMNS} FROM rank_changes_read WHERE fact_key IS NOT NULL""")
     else:
-        connection.from_arrow(tables.CANDIDATE_RANKS.empty_table()).create_view("ranks", replace=True)
+        connection.execute(f"CREATE OR REPLACE TEMP VIEW ranks AS SELECT {RANK_COLUMNS} FROM whole_ranks")
     changed = _changed_incoming(job, read)
     top_k = policy.POLICY.top_k
     if changed is None:
