@@ -5,12 +5,14 @@ way (tests/test_shards.py checks that on the real corpus)."""
 
 from __future__ import annotations
 
+import duckdb
 import pyarrow as pa
+import pytest
 
 from tkg.core import tables
-from tkg.core.results import StageJob
+from tkg.core.results import StageIncomplete, StageJob
 from tkg.core.versions import Stamp, stamped
-from tkg.invalidate.stages import _changed_incoming
+from tkg.invalidate.stages import _changed_incoming, candidate_selection
 from tkg.store.parquet import ParquetStore
 
 SHARDS = ["00", "01"]
@@ -64,3 +66,19 @@ def test_a_selection_that_cannot_tell_what_changed_selects_every_fact(tmp_path):
     assert _changed(store, previous, {"00": first["00"], "01": "some other version"}) is None
     store.delete(store.shard_path("candidate_ranks", "00", "rank_changes"))
     assert _changed(store, previous, {"00": third, "01": first["01"]}) is None
+
+
+def test_ranks_whose_base_another_run_named_stop_the_selection(tmp_path):
+    """A shard's ranks are its base and the changes since it (tkg.invalidate.stages.stack_ranks):
+    a `rank_base` of another run than the shard's `candidate_ranks` (a run that stopped between
+    its files) is never read as the shard's rows; the selection stops, naming the shard."""
+    store = ParquetStore(tmp_path)
+    for shard in SHARDS:
+        _ranks(store, shard, "1", None, [])
+    other = Stamp("candidate_ranks", "code", {"build": "2", "shard": "01"})
+    base = pa.table({"file": ["v=0123/candidate_ranks.parquet"], "rows": [0]}, schema=tables.RANK_BASE)
+    store.write(store.shard_path("candidate_ranks", "01", "rank_base"), stamped(base, other))
+    with duckdb.connect() as connection:
+        job = StageJob(None, {}, None, store=store, connection=connection, shard_keys=SHARDS)
+        with pytest.raises(StageIncomplete, match="shard 01's candidate ranks are half-written"):
+            candidate_selection(job)
