@@ -322,7 +322,7 @@ def candidate_ranks(job: StageJob) -> StageResult:
 # row as ranked when the shard was last written whole (`v=<id>/candidate_ranks.parquet` in the
 # shard's folder, named by its `rank_base`). The shard's `candidate_ranks` holds, for each incoming
 # event whose rows changed since then, a row naming it (its fact_key NULL) and its rows now. So a
-# quarter writes the rows it changed, not the shard's every row (1.4 million at 5M events), and the
+# quarter writes the rows it changed, not the shard's every row (1.2 million at 5M events), and the
 # shard is written whole again once its changes hold more than RANKS_DELTA_SHARE of the base's rows.
 RANKS_DELTA_SHARE = 0.25
 RANK_COLUMNS = ", ".join(tables.CANDIDATE_RANKS.names)
