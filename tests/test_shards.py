@@ -440,10 +440,8 @@ def _shard_outputs(home: Path) -> dict[str, object]:
 
 
 def _stacked_ranks(store: ParquetStore, path: Path) -> object:
-    base = path.with_name("rank_base.parquet")
-    paths = {"candidate_ranks": path, **({"rank_base": base} if base.exists() else {})}
     with duckdb.connect() as connection:
-        invalidate_stages.stack_ranks(store, connection, paths, "ranks")
+        invalidate_stages.stack_ranks(store, connection, [path.parent.name.removeprefix("shard=")], "ranks", "test")
         return connection.sql("SELECT * FROM ranks ORDER BY ALL").to_arrow_table()
 
 

@@ -239,7 +239,7 @@ def candidate_ranks(job: StageJob) -> StageResult:
     folder = store.shard_path("candidate_ranks", job.shard).parent
     if job.previous:
         store.relation(connection, [job.previous["ranked_members"]]).create_view("previous_members", replace=True)
-        base = stack_ranks(store, connection, job.previous, "previous_ranks")
+        base = stack_ranks(store, connection, [job.shard], "previous_ranks", "candidate_ranks")[job.shard]
     else:
         connection.from_arrow(tables.RANKED_MEMBERS.empty_table()).create_view("previous_members", replace=True)
         connection.from_arrow(tables.CANDIDATE_RANKS.empty_table()).create_view("previous_ranks", replace=True)
@@ -332,23 +332,41 @@ BASE_RANKS = pa.schema([*tables.CANDIDATE_RANKS, ("_shard", pa.string())])
 _RANK_ORDER = "ORDER BY block_entity, block_group, incoming_event_id, candidate_dynamic, fact_key"
 
 
-def stack_ranks(store, connection: duckdb.DuckDBPyConnection, paths: dict, name: str) -> dict | None:
-    """View `name`: one shard's candidate ranks as stored (`paths`: its files by table name), the
-    base's rows of the incoming events its changes do not name, and the changes' rows; the
-    base (`rank_base`'s row), or None when the shard's `candidate_ranks` holds every row (as an
-    older tkg wrote it)."""
-    changes = paths["candidate_ranks"]
-    store.relation(connection, [changes]).create_view(f"{name}_changes", replace=True)
-    bases = store.read(paths["rank_base"]).to_pylist() if "rank_base" in paths else []
-    if not bases:
-        connection.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS "
-                           f"SELECT {RANK_COLUMNS} FROM {name}_changes WHERE fact_key IS NOT NULL")
-        return None
-    store.relation(connection, [changes.parent / bases[0]["file"]]).create_view(f"{name}_base", replace=True)
+def stack_ranks(store, connection: duckdb.DuckDBPyConnection, shards: list[str], name: str, reader: str
+                ) -> dict[str, dict | None]:
+    """View `name`: the candidate ranks of `shards` as stored. Every shard's base (or the file of
+    every row an older tkg wrote) in one scan (`{name}_whole`), less the incoming events each
+    shard's changes replace, and the changes' rows (`{name}_changes`). Returns each shard's base
+    (its `rank_base` row; None for an older tkg's file). A shard whose rank_base is of another
+    run than its candidate_ranks (a run stopped between the two) stops `reader`."""
+    whole, changes, replaced, bases = [], [], [], {}
+    for shard in shards:
+        path, base = (store.shard_path("candidate_ranks", shard, table) for table in ("candidate_ranks", "rank_base"))
+        if not store.is_file(base):
+            whole.append(path)
+            bases[shard] = None
+            continue
+        if store.stamp(base) != store.stamp(path):
+            raise StageIncomplete(reader, None, f"shard {shard}'s candidate ranks are half-written (its rank_base and "
+                                  "candidate_ranks files are of two runs); run candidate_ranks again")
+        bases[shard] = store.read(base).to_pylist()[0]
+        whole.append(path.parent / bases[shard]["file"])
+        if store.metadata(path).num_rows:
+            changes.append(path)
+            ids = store.relation(connection, [path]).filter("fact_key IS NULL").select("incoming_event_id").to_arrow_table()
+            replaced.append(ids.append_column("_shard", pa.array([shard] * ids.num_rows, pa.string())))
+    (store.relation(connection, whole) if whole else connection.from_arrow(tables.CANDIDATE_RANKS.empty_table())
+     ).create_view(f"{name}_whole", replace=True)
+    (store.relation(connection, changes) if changes else connection.from_arrow(tables.CANDIDATE_RANKS.empty_table())
+     ).create_view(f"{name}_changes", replace=True)
+    if not changes:
+        connection.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT {RANK_COLUMNS} FROM {name}_whole")
+        return bases
+    connection.register(f"{name}_replaced", pa.concat_tables(replaced))
     connection.execute(f"""CREATE OR REPLACE TEMP VIEW {name} AS
-                           SELECT {RANK_COLUMNS} FROM {name}_base ANTI JOIN {name}_changes USING (incoming_event_id)
+                           SELECT {RANK_COLUMNS} FROM {name}_whole ANTI JOIN {name}_replaced USING (_shard, incoming_event_id)
                            UNION ALL SELECT {RANK_COLUMNS} FROM {name}_changes WHERE fact_key IS NOT NULL""")
-    return bases[0]
+    return bases
 
 
 def _ranks_written(store, connection: duckdb.DuckDBPyConnection, folder, shard: str, base: dict | None
@@ -361,12 +379,11 @@ def _ranks_written(store, connection: duckdb.DuckDBPyConnection, folder, shard: 
         connection.execute(f"""
             CREATE TEMP TABLE rank_changes_now AS
             SELECT {RANK_COLUMNS} FROM previous_ranks_changes ANTI JOIN changed_now USING (incoming_event_id)
-            UNION ALL SELECT incoming_event_id, NULL::BOOLEAN, NULL::VARCHAR, NULL::FLOAT, NULL::VARCHAR, NULL::TINYINT,
-                             NULL::TINYINT FROM changed_now
-            UNION ALL SELECT {RANK_COLUMNS} FROM ranks_now SEMI JOIN changed_now USING (incoming_event_id)""")
+            UNION ALL BY NAME SELECT incoming_event_id FROM changed_now  -- a row naming each (its other columns NULL)
+            UNION ALL BY NAME SELECT {RANK_COLUMNS} FROM ranks_now SEMI JOIN changed_now USING (incoming_event_id)""")
         if _count(connection, "rank_changes_now") <= RANKS_DELTA_SHARE * base["rows"]:
             ranked = connection.execute(f"""
-                SELECT (SELECT count(*) FROM previous_ranks_base ANTI JOIN rank_changes_now USING (incoming_event_id))
+                SELECT (SELECT count(*) FROM previous_ranks_whole ANTI JOIN rank_changes_now USING (incoming_event_id))
                      + (SELECT count(*) FROM rank_changes_now WHERE fact_key IS NOT NULL)""").fetchall()[0][0]
             changes = connection.sql(f"SELECT * FROM rank_changes_now {_RANK_ORDER}").to_arrow_table()
             return base, changes.cast(tables.CANDIDATE_RANKS), ranked
@@ -400,32 +417,7 @@ def candidate_selection(job: StageJob) -> StageResult:
     files = {shard: store.shard_path("candidate_ranks", shard) for shard in job.shard_keys
              if store.is_file(store.shard_path("candidate_ranks", shard))}
     read = {shard: store.stamp(path).version for shard, path in files.items()}
-    # every shard's whole rows in one scan (its base, or an older tkg's file of every row), less
-    # the incoming facts a shard's changes replace, and the changes' rows (see stack_ranks)
-    whole, changes, replaced = [], [], []
-    for shard, path in files.items():
-        base = store.shard_path("candidate_ranks", shard, "rank_base")
-        if not store.is_file(base):
-            whole.append(path)
-            continue
-        if store.stamp(base) != store.stamp(path):
-            raise StageIncomplete("candidate_selection", None, f"shard {shard}'s candidate ranks are half-written (its "
-                                  "rank_base and candidate_ranks files are of two runs); run candidate_ranks again")
-        whole.append(path.parent / store.read(base)["file"][0].as_py())
-        if store.metadata(path).num_rows:
-            changes.append(path)
-            ids = store.relation(connection, [path]).filter("fact_key IS NULL").select("incoming_event_id").to_arrow_table()
-            replaced.append(ids.append_column("_shard", pa.array([shard] * ids.num_rows, pa.string())))
-    (store.relation(connection, whole) if whole else connection.from_arrow(tables.CANDIDATE_RANKS.empty_table())
-     ).create_view("whole_ranks", replace=True)
-    if changes:
-        connection.register("replaced_ranks", pa.concat_tables(replaced))
-        store.relation(connection, changes).create_view("rank_changes_read", replace=True)
-        connection.execute(f"""CREATE OR REPLACE TEMP VIEW ranks AS
-                               SELECT {RANK_COLUMNS} FROM whole_ranks ANTI JOIN replaced_ranks USING (_shard, incoming_event_id)
-                               UNION ALL SELECT {RANK_COLUMNS} FROM rank_changes_read WHERE fact_key IS NOT NULL""")
-    else:
-        connection.execute(f"CREATE OR REPLACE TEMP VIEW ranks AS SELECT {RANK_COLUMNS} FROM whole_ranks")
+    stack_ranks(store, connection, list(files), "ranks", "candidate_selection")
     changed = _changed_incoming(job, read)
     top_k = policy.POLICY.top_k
     if changed is None:
