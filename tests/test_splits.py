@@ -147,6 +147,23 @@ def test_rows_given_for_the_groups_that_changed_read_and_fingerprint_as_a_whole_
     assert not again.delta and _read(store, previous) == _expected(rows) and again.parts == reference.parts
 
 
+def test_an_earlier_version_that_comes_back_is_written_from_rows_read_before_its_files_go(tmp_path):
+    """A quarter added and then taken away again: the inputs, and so the version, are the first
+    one's again, which the last version stacks as its base. Its rows are written whole over
+    that base's files, from the last version's rows read before those files are removed."""
+    random_ = random.Random(3)
+    rows = [_row(random_, number) for number in range(200)]
+    store = ParquetStore(tmp_path)
+    _write(store, "a", rows, None)
+    added = [_row(random_, number) for number in range(900, 920)]
+    assert _write_replacing(store, "b", rows + added, {row["event_id"] for row in added}, "a").delta
+    assert read_chains(store, "step", "b")["facts"].segments == ("a", "b")
+    again = _write_replacing(store, "a", rows, {row["event_id"] for row in added}, "b")
+    assert not again.delta and again.keep == {"a"}
+    assert _read(store, "a") == _expected(rows)
+    assert again.parts == _write(ParquetStore(tmp_path / "whole"), "a", rows, None).parts
+
+
 def test_rows_that_replace_groups_need_the_group_in_their_key_and_a_last_version(tmp_path):
     with pytest.raises(ValueError, match="'group', which is not in its key"):
         Split("facts", SCHEMA, KEY, None, replaces=Replaced("group", "groups"))

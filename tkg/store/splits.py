@@ -238,8 +238,8 @@ def _replaced_rows(store: ParquetStore, connection: Any, asset: str, previous: s
                    shard_keys: list[str], held: bool) -> None:
     """`_rows_<name>` of a split that replaces groups of `previous`: every row, the previous
     version's outside the groups (in the shard they are in) and the split's rows. A view, or a
-    table when `held` (the version written is `previous` again, whose files the write removes
-    before it reads them)."""
+    table when `held` (the version written is one `previous` stacks, whose files the write
+    removes before it reads them)."""
     columns = _quoted([*split.schema.names, "shard"])
     parts = [f"SELECT {columns} FROM _given_{split.name}"]
     kept = version_rows(store, connection, asset, previous, split.name, shard_keys, split.schema.names, f"_kept_{split.name}")
@@ -271,7 +271,10 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
         elif previous is None:
             raise ValueError(f"{asset}: {split.name}'s rows replace groups of a last version, and there is none")
         else:
-            _replaced_rows(store, connection, asset, previous, split, shard_keys, held=previous == version)
+            # the version written may be one the previous version stacks (the same inputs again, or an
+            # earlier state come back): its files are removed before the write reads them, so hold them first
+            _replaced_rows(store, connection, asset, previous, split, shard_keys,
+                           held=version in _segments(store, asset, previous, split.name))
     delta = chains is not None
     if delta:
         for split in splits:
