@@ -611,6 +611,36 @@ def test_a_split_table_is_written_by_shard_in_order_within_its_memory_budget(tmp
     assert not store.split_files("fact_blocks", "1", "facts", "05")
 
 
+def test_a_split_write_stopped_half_way_leaves_the_folder_as_it_was(tmp_path):
+    """A version rewritten in place (one a later version stacks) whose write fails half-way,
+    its rows' stream broken after some shards were written, keeps its earlier files whole and
+    leaves no half-written folder; the next write replaces them, and removes what a write
+    killed half-way left."""
+    import pyarrow as pa
+
+    store = ParquetStore(tmp_path)
+    folder = store.parquet_root / "candidate_selection" / "v=1" / "selected"
+    first = pa.table({"event_id": [f"e{i}" for i in range(300)], "shard": [f"{i % 3:02d}" for i in range(300)]})
+    store.write_split(folder, pa.RecordBatchReader.from_batches(first.schema, first.to_batches()))
+
+    def broken():
+        yield from first.slice(0, 200).to_batches(max_chunksize=50)
+        raise OSError("the disk is full")
+
+    with pytest.raises(OSError, match="disk is full"):
+        store.write_split(folder, pa.RecordBatchReader.from_batches(first.schema, broken()), buffer_bytes=1)
+    assert sorted(path.name for path in folder.parent.iterdir()) == ["selected"]
+    for key in ("00", "01", "02"):
+        assert ParquetStore(tmp_path).read(store.split_files("candidate_selection", "1", "selected", key)[0]).num_rows == 100
+    killed = folder.parent / ".writing-0123456789ab-selected" / "shard=00"  # what a kill -9 half-way leaves
+    killed.mkdir(parents=True)
+    second = first.slice(0, 30)
+    store.write_split(folder, pa.RecordBatchReader.from_batches(second.schema, second.to_batches()))
+    assert sorted(path.name for path in folder.parent.iterdir()) == ["selected"]
+    assert sum(store.read(path).num_rows for key in ("00", "01", "02")
+               for path in store.split_files("candidate_selection", "1", "selected", key)) == 30
+
+
 def test_a_shard_rewritten_with_the_same_version_reloads_the_published_judgments(sample_home, tmp_path):
     """The judgments' changes name what changed since the shards' files read last: an
     unchanged set of shards gives no change to apply, but a shard rebuilt from nothing (its

@@ -194,13 +194,23 @@ class ParquetStore:
     def write_split(self, folder: PurePath, data: pa.RecordBatchReader, buffer_bytes: int = SPLIT_BUFFER_BYTES) -> None:
         """Write `data` (with a string column `shard`) as one file per shard,
         `<folder>/shard=<key>/part-0.parquet` (the key in the path, not in the file), streaming;
-        what the folder held before is removed first.
+        what the folder held before is replaced.
 
         At most `buffer_bytes` of rows wait in memory: each batch is cut by shard and appended
         to its shard's buffer, and the largest buffer is written out as a row group whenever
         they hold more. (Arrow's dataset writer queues up to 8M rows whatever their width: on
-        the facts of 5M events, with their vectors, several GB.)"""
-        self.delete_folder(folder)
+        the facts of 5M events, with their vectors, several GB.)
+
+        On a local disk the files are written to a folder beside it, which replaces it once they
+        are all written: a write stopped half-way (killed, out of memory or disk) leaves what the
+        folder held, which a version stacking it still reads."""
+        final = folder
+        if self.is_local:
+            for left in Path(folder.parent).glob(f".writing-*-{folder.name}"):  # of a write killed half-way
+                self.delete_folder(left)
+            folder = folder.parent / f".writing-{secrets.token_hex(6)}-{folder.name}"
+        else:
+            self.delete_folder(folder)
         writers: dict[str, pq.ParquetWriter] = {}
         buffers: dict[str, list[pa.RecordBatch]] = {}
         sizes: dict[str, int] = {}
@@ -235,9 +245,18 @@ class ParquetStore:
                     flush(max(sizes, key=sizes.__getitem__))
             for shard in sorted(buffers):
                 flush(shard)
-        finally:
+        except BaseException:
             for writer in writers.values():
                 writer.close()
+            if folder != final:
+                self.delete_folder(folder)
+            raise
+        for writer in writers.values():
+            writer.close()
+        if folder != final:
+            self.delete_folder(final)
+            if writers:
+                os.replace(folder, final)
 
     def delete_folder(self, folder: PurePath) -> None:
         """Remove a folder and everything under it; a folder that is not there is fine."""
