@@ -559,12 +559,16 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     for root in (home, cold):
         for folder in (two_companies / "parquet").glob(f"*/{second}"):
             shutil.copytree(folder, root / folder.relative_to(two_companies))
-    back, cold_back = finish_graph(_runtime(home, 3)), finish_graph(_runtime(cold, 3))
+    back = finish_graph(_runtime(home, 3), publish_to=home / "tkg.duckdb")
+    cold_back = finish_graph(_runtime(cold, 3))
     assert back.counts["incoming_changed"] > 0 and cold_back.counts["incoming_changed"] > 0
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert [name for name in built if not increment[name].equals(built[name])] == []
     assert _split_tables(home) == _split_tables(cold)
     assert _graph(home) == _graph(cold)
+    # published in place over the first increment's file: as a fresh publish of the same store
+    fresh = publish(ParquetStore(home), tmp_path / "fresh_back.duckdb", raw_tables())
+    assert published_rows(home / "tkg.duckdb") == published_rows(fresh.path)
 
 
 def _split_tables(home: Path) -> dict[str, object]:
