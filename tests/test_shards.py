@@ -47,7 +47,7 @@ from tkg.invalidate import stages as invalidate_stages
 from tkg.settings import Settings
 from tkg.store import packs
 from tkg.store.parquet import ParquetStore
-from tkg.store.splits import shard_rows
+from tkg.store.splits import read_chains, shard_rows
 from tkg.store.warehouse import publish
 
 # The tables the global half publishes, each sorted by all of its columns.
@@ -569,6 +569,55 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     # published in place over the first increment's file: as a fresh publish of the same store
     fresh = publish(ParquetStore(home), tmp_path / "fresh_back.duckdb", raw_tables())
     assert published_rows(home / "tkg.duckdb") == published_rows(fresh.path)
+
+
+@needs_corpus
+def test_a_state_come_back_whose_write_stops_half_way_is_rebuilt_from_nothing(two_companies, tmp_path, monkeypatch):
+    """Two calls added one after the other, then the second taken away: the global steps' inputs
+    are the first's again, so their split versions come back, and are written whole over the
+    folders of that version, which the last output stacks as a delta. A run stopped after a
+    folder was replaced (here: the selection's chain file cannot be written) must not leave the
+    last output trusted over it: the next run starts from nothing and gives the graph the state
+    had before, not the earlier rows twice."""
+    calls = sorted((two_companies / "parquet" / "transcripts").glob("company=*/quarter=*"))
+    first, second = (call.relative_to(two_companies / "parquet" / "transcripts") for call in calls[-2:])
+    home = _copy(two_companies, tmp_path / "home")
+    for call in (first, second):
+        for folder in (home / "parquet").glob(f"*/{call}"):
+            shutil.rmtree(folder)
+
+    def add(call: Path) -> None:
+        for folder in (two_companies / "parquet").glob(f"*/{call}"):
+            shutil.copytree(folder, home / folder.relative_to(two_companies))
+
+    finish_graph(_runtime(home, 3))
+    add(first)
+    assert finish_graph(_runtime(home, 3)).counts["split_written_as_delta"] == 2
+    graph, split = _graph(home), _split_tables(home)
+    store = ParquetStore(home)
+    came_back = store.stamp(store.global_path("candidate_selection")).version
+    add(second)
+    assert finish_graph(_runtime(home, 3)).counts["split_written_as_delta"] == 2
+    assert came_back in read_chains(store, "candidate_selection", store.stamp(store.global_path("candidate_selection")).version
+                                    )["selected"].segments
+    for folder in (home / "parquet").glob(f"*/{second}"):
+        shutil.rmtree(folder)
+    write = ParquetStore.write
+
+    def stopped(self, path, table):
+        if path.name == "chain.parquet" and path.parent.parent.name == "candidate_selection":
+            raise OSError("No space left on device")
+        return write(self, path, table)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ParquetStore, "write", stopped)
+        with pytest.raises(Exception, match="No space left"):
+            finish_graph(_runtime(home, 3))
+    assert (home / "parquet" / "candidate_selection" / f"v={came_back}" / "selected").is_dir()  # replaced, whole
+    assert not store.is_file(store.global_path("candidate_selection"))  # the last output no longer trusted
+    again = finish_graph(_runtime(home, 3))
+    assert again.counts["selected_every_fact"] == 1
+    assert _graph(home) == graph and _split_tables(home) == split
 
 
 def _split_tables(home: Path) -> dict[str, object]:

@@ -49,7 +49,7 @@ from tkg.llm.wire import RequestFailed
 from tkg.providers import Providers, fingerprints, open_providers
 from tkg.settings import Settings, size_in_bytes
 from tkg.store.parquet import ParquetStore, relation_batches
-from tkg.store.splits import SplitRows, shard_files, write_splits
+from tkg.store.splits import SplitRows, rewrites_stacked, shard_files, write_splits
 
 
 @dataclass
@@ -257,10 +257,15 @@ def _write_outputs(store: ParquetStore, connection: duckdb.DuckDBPyConnection, s
     their version); the split versions to keep."""
     keep: set[str] = set()
     if stage.shard_tables:
+        previous = _previous_version(store, stage, job.previous)
+        if previous is not None and rewrites_stacked(store, stage.name, previous, result.stamp.version):
+            # the last output stops being trusted before files it stacks are replaced: a run stopped
+            # between them leaves no output over half of them, and the next run starts from nothing
+            store.delete(store.global_path(stage.name, stage.table.name))
         written = write_splits(store, connection, stage.name, result.stamp.version,
                                [_split_rows(result.shard_tables[table.name]).split(table.name, table.schema, table.key)
                                 for table in stage.shard_tables],
-                               _previous_version(store, stage, job.previous), shard_keys)
+                               previous, shard_keys)
         result.stamp = Stamp(stage.name, result.stamp.code_version, result.stamp.inputs, dict(result.missing), written.parts)
         result.counts["split_rows_written"] = written.rows
         result.counts["split_written_as_delta"] = int(written.delta)

@@ -150,6 +150,12 @@ def _segments(store: ParquetStore, asset: str, version: str, table: str) -> tupl
     return chain.segments if chain else (version,)
 
 
+def rewrites_stacked(store: ParquetStore, asset: str, previous: str, version: str) -> bool:
+    """Whether writing `version` replaces files that `previous` stacks: the same version again,
+    or one of its chain's (an earlier state come back)."""
+    return version == previous or any(version in chain.segments for chain in read_chains(store, asset, previous).values())
+
+
 def shard_files(store: ParquetStore, asset: str, version: str, table: str, shard: str) -> list[PurePath]:
     """Every file a shard's rows of `table` are read from (its segments' rows and deletions)."""
     segments = _segments(store, asset, version, table)
