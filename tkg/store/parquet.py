@@ -227,6 +227,7 @@ class ParquetStore:
                                                            compression="zstd", use_dictionary=dictionary_columns(schema))
             writer.write_table(rows, row_group_size=SPLIT_ROW_GROUP)
 
+        written = False
         try:
             for batch in data:
                 if not batch.num_rows:
@@ -245,14 +246,12 @@ class ParquetStore:
                     flush(max(sizes, key=sizes.__getitem__))
             for shard in sorted(buffers):
                 flush(shard)
-        except BaseException:
+            written = True
+        finally:
             for writer in writers.values():
                 writer.close()
-            if folder != final:
+            if folder != final and not written:  # stopped half-way: the folder stays as it was
                 self.delete_folder(folder)
-            raise
-        for writer in writers.values():
-            writer.close()
         if folder != final:
             self.delete_folder(final)
             if writers:

@@ -203,17 +203,14 @@ def version_rows(store: ParquetStore, connection: Any, asset: str, version: str,
     return name
 
 
-def _usable_chains(store: ParquetStore, asset: str, splits: list[Split], previous: str | None,
-                   version: str) -> dict[str, Chain] | None:
+def _usable_chains(store: ParquetStore, asset: str, splits: list[Split], previous: str) -> dict[str, Chain] | None:
     """The previous version's chains, if the new version can stand on them: every table has
-    one with the same key and columns, none already names the new version, and every version
-    they stack is there."""
-    if previous is None or previous == version:
-        return None
+    one with the same key and columns, and every version they stack is there (the new version
+    is not one of them: see `rewrites_stacked`)."""
     chains = read_chains(store, asset, previous)
     for split in splits:
         chain = chains.get(split.name)
-        if chain is None or chain.key != split.key or version in chain.segments:
+        if chain is None or chain.key != split.key:
             return None
     segments = {segment for chain in chains.values() for segment in chain.segments}
     if any(not store.is_file(chain_path(store, asset, segment)) for segment in segments):
@@ -269,7 +266,10 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
     and row hash (two independent 64-bit hashes; the row hash covers the key or what stands
     for it). Files keep both hashes, so telling changed rows apart joins integers and reads no
     column but the keys of the previous version."""
-    chains = _usable_chains(store, asset, splits, previous, version)
+    # a version the previous one stacks (the same inputs again, or an earlier state come back) is
+    # written whole, over files that its rows kept from the previous version are read from first
+    rewritten = previous is not None and rewrites_stacked(store, asset, previous, version)
+    chains = None if previous is None or rewritten else _usable_chains(store, asset, splits, previous)
     for split in splits:
         split.rows.create_view(f"_given_{split.name}", replace=True)
         if split.replaces is None:
@@ -277,10 +277,7 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
         elif previous is None:
             raise ValueError(f"{asset}: {split.name}'s rows replace groups of a last version, and there is none")
         else:
-            # the version written may be one the previous version stacks (the same inputs again, or an
-            # earlier state come back): its files are removed before the write reads them, so hold them first
-            _replaced_rows(store, connection, asset, previous, split, shard_keys,
-                           held=version in _segments(store, asset, previous, split.name))
+            _replaced_rows(store, connection, asset, previous, split, shard_keys, held=rewritten)
     delta = chains is not None
     if delta:
         for split in splits:
