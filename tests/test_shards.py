@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -431,12 +432,17 @@ MEMOISED_TABLES = [("candidate_ranks", "ranked_members"), ("candidate_ranks", "c
 
 
 def _shard_outputs(home: Path) -> dict[str, object]:
-    """Every shard step's output tables as they are stored (row order included); a shard's
-    candidate ranks as they stack (its base and the changes since, tkg.invalidate.stages.stack_ranks)."""
+    """Every shard step's output tables, their rows in order (they are stored in none); a
+    shard's candidate ranks as they stack (its base and the changes since,
+    tkg.invalidate.stages.stack_ranks)."""
     store = ParquetStore(home)
     return {f"{stage}/{path.parent.name}/{table}": (_stacked_ranks(store, path) if table == "candidate_ranks"
-                                                    else store.read(path).replace_schema_metadata(None))
+                                                    else _in_order(store.read(path).replace_schema_metadata(None)))
             for stage, table in MEMOISED_TABLES for path in sorted((home / "parquet" / stage).glob(f"shard=*/{table}.parquet"))}
+
+
+def _in_order(table: pa.Table) -> pa.Table:
+    return table.sort_by([(name, "ascending") for name in table.column_names])
 
 
 def _stacked_ranks(store: ParquetStore, path: Path) -> object:
