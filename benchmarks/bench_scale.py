@@ -678,7 +678,10 @@ def markdown(report: dict) -> str:
         for source, work in q["judge"].items():
             lines.append(f"- judge ({source}): {work['requests_per_quarter']:,} requests a quarter "
                          + (", ".join(f"{m} ${v:,}" for m, v in work["usd_per_quarter"].items()) if work["usd_per_quarter"] else ""))
-        for step, p in estimate["global_steps_at_target"].items():
+        projected = {step: p for step, p in estimate["global_steps_at_target"].items() if p["projected_wall_s"] is not None}
+        if len(projected) < len(estimate["global_steps_at_target"]):
+            lines.append("- no projection to 40 quarters for steps measured at fewer than two sizes (give --sizes two or more)")
+        for step, p in projected.items():
             lines.append(f"- {step} at {estimate['assumptions']['events_after_40_quarters']:,} events: ~{p['projected_wall_s']} s "
                          f"(exponent {p['time_exponent']}), ~{p['projected_peak_rss_gb']} GB (exponent {p['memory_exponent']})")
     return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""Benchmark: one shard step alone, this tree against another, on the same store state.
+
+A change to one shard step (`candidate_ranks`, `judged_pairs`) moves the whole pass by a few
+percent, less than a pass varies on a shared machine. This times the step alone: the store is
+left just before the step (e.g. a quarter's pass stopped there), the step's folder is kept as
+hard links (tkg replaces a file it writes, never writes into one), and each round runs the step over every shard once with this tree's Python and
+once with the other tree's, the folder restored before each run. DuckDB runs on one thread, so
+a shard's CPU time is its own. At the end, the last two runs' outputs (both trees, same input)
+are compared table by table and shard by shard: row counts and sums of row hashes.
+
+    python benchmarks/step_alone.py --store STORE --shards 32 --step judged_pairs \\
+        --baseline-python OTHER_TREE/.venv/bin/python --rounds 3
+
+STORE is a data folder whose steps before `--step` are current and `--step` is stale (one a
+`bench_scale.py --keep` run left, its quarter brought back and the steps before run). The
+baseline interpreter must have the other tree installed (e.g. a clone with its own venv); it
+runs this file, and imports tkg from its own install. Results: benchmarks/results/step_alone.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "step_alone.json"
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def worker(store: Path, shards: int, step: str) -> int:
+    """Run `step` over every shard of `store` in this process, on one DuckDB thread; one JSON
+    line: CPU seconds per shard."""
+    from tkg.build import catalog
+    from tkg.build.stages import Runtime, run_global
+    from tkg.settings import Settings
+
+    settings = replace(Settings.resolve(home=store, backend="offline", embeddings="wordllama", shards=shards), duckdb_threads=1)
+    runtime = Runtime.open(settings)
+    stage = catalog.stage(step)
+    per_shard = {}
+    for shard in catalog.shard_keys(shards):
+        start = _cpu()
+        run_global(runtime, stage, shard)
+        per_shard[shard] = round(_cpu() - start, 3)
+    print(json.dumps({"cpu_s": round(sum(per_shard.values()), 2), "per_shard": per_shard}))
+    return 0
+
+
+def digests(folder: Path) -> dict[str, tuple[int, int]]:
+    """(rows, sum of row hashes) of every table file of every shard of a step's folder."""
+    import duckdb
+
+    found = {}
+    with duckdb.connect() as connection:
+        for path in sorted(folder.glob("shard=*/*.parquet")):
+            relation = connection.read_parquet(str(path))
+            relation.create_view("compared", replace=True)
+            columns = ", ".join(f'"{name}"' for name in relation.columns)
+            rows, total = connection.execute(f"SELECT count(*), sum(hash({columns})::HUGEINT) FROM compared").fetchall()[0]
+            found[f"{path.parent.name}/{path.stem}"] = (rows, int(total or 0))
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", type=Path, required=True)
+    parser.add_argument("--shards", type=int, required=True)
+    parser.add_argument("--step", default="judged_pairs")
+    parser.add_argument("--baseline-python", type=Path, help="the other tree's interpreter (omit to time this tree alone)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.store, args.shards, args.step)
+
+    folder = args.store / "parquet" / args.step
+    kept = args.store / f".{args.step}.before"
+    if kept.exists():  # a run stopped before it restored the folder: the kept one is the state to time from
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        shutil.copytree(folder, kept, copy_function=os.link)
+    trees = {"this": Path(sys.executable), **({"baseline": args.baseline_python} if args.baseline_python else {})}
+    runs: dict[str, list[float]] = {name: [] for name in trees}
+    outputs = {}
+    try:
+        for round_number in range(1, args.rounds + 1):
+            for name, python in trees.items():
+                shutil.rmtree(folder, ignore_errors=True)
+                shutil.copytree(kept, folder, copy_function=os.link)
+                done = subprocess.run([str(python), str(Path(__file__).resolve()), "--worker", "--store", str(args.store),
+                                       "--shards", str(args.shards), "--step", args.step],
+                                      capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    raise SystemExit(f"{name} failed in round {round_number}: {done.stderr.strip()[-2000:]}")
+                runs[name].append(json.loads(done.stdout.strip().splitlines()[-1])["cpu_s"])
+                print(f"round {round_number} {name}: {runs[name][-1]} CPU-s", flush=True)
+                if round_number == args.rounds:
+                    outputs[name] = digests(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(kept, folder, copy_function=os.link)
+        shutil.rmtree(kept)
+    different = sorted(key for key in outputs["this"] if outputs["this"][key] != outputs.get("baseline", outputs["this"]).get(key))
+    report = {"store": str(args.store), "shards": args.shards, "step": args.step, "rounds": runs,
+              "median_cpu_s": {name: statistics.median(values) for name, values in runs.items()},
+              "tables_compared": len(outputs["this"]) if "baseline" in outputs else 0, "tables_different": different}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report))
+    return 1 if different else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
