@@ -104,10 +104,7 @@ def digests(root: Path, shards: int) -> dict[str, object]:
     with duckdb.connect() as connection:
 
         def digest(relation) -> tuple[int, int]:
-            relation.create_view("compared", replace=True)
-            columns = ", ".join(f'"{name}"' for name in relation.columns)
-            rows, total = connection.execute(f"SELECT count(*), sum(hash({columns})::HUGEINT) FROM compared").fetchall()[0]
-            return rows, int(total or 0)
+            return row_digest(connection, relation)
 
         for stage, table in GLOBAL_TABLES:
             rows = store.relation(connection, [store.global_path(stage, table)])
@@ -130,6 +127,14 @@ def digests(root: Path, shards: int) -> dict[str, object]:
             for stage, table in SHARD_TABLES:
                 found[f"{stage}/{shard}/{table}"] = digest(store.relation(connection, [store.shard_path(stage, shard, table)]))
     return found
+
+
+def row_digest(connection, relation) -> tuple[int, int]:
+    """A relation's row count and sum of row hashes: equal for the same rows in any order."""
+    relation.create_view("compared", replace=True)
+    columns = ", ".join(f'"{name}"' for name in relation.columns)
+    rows, total = connection.execute(f"SELECT count(*), sum(hash({columns})::HUGEINT) FROM compared").fetchall()[0]
+    return rows, int(total or 0)
 
 
 def compared(root: Path, reference: dict[str, object], shards: int) -> dict:

@@ -62,15 +62,12 @@ def digests(folder: Path) -> dict[str, tuple[int, int]]:
     """(rows, sum of row hashes) of every table file of every shard of a step's folder."""
     import duckdb
 
-    found = {}
+    sys.path.insert(0, str(HERE))
+    from scale_equality import row_digest
+
     with duckdb.connect() as connection:
-        for path in sorted(folder.glob("shard=*/*.parquet")):
-            relation = connection.read_parquet(str(path))
-            relation.create_view("compared", replace=True)
-            columns = ", ".join(f'"{name}"' for name in relation.columns)
-            rows, total = connection.execute(f"SELECT count(*), sum(hash({columns})::HUGEINT) FROM compared").fetchall()[0]
-            found[f"{path.parent.name}/{path.stem}"] = (rows, int(total or 0))
-    return found
+        return {f"{path.parent.name}/{path.stem}": row_digest(connection, connection.read_parquet(str(path)))
+                for path in sorted(folder.glob("shard=*/*.parquet"))}
 
 
 def main() -> int:
@@ -113,10 +110,12 @@ def main() -> int:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(kept, folder, copy_function=os.link)
         shutil.rmtree(kept)
-    different = sorted(key for key in outputs["this"] if outputs["this"][key] != outputs.get("baseline", outputs["this"]).get(key))
+    baseline = outputs.get("baseline")
+    different = [] if baseline is None else sorted(key for key in outputs["this"].keys() | baseline.keys()
+                                                   if outputs["this"].get(key) != baseline.get(key))
     report = {"store": str(args.store), "shards": args.shards, "step": args.step, "rounds": runs,
               "median_cpu_s": {name: statistics.median(values) for name, values in runs.items()},
-              "tables_compared": len(outputs["this"]) if "baseline" in outputs else 0, "tables_different": different}
+              "tables_compared": 0 if baseline is None else len(outputs["this"]), "tables_different": different}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report))
