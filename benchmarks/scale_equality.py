@@ -97,8 +97,6 @@ def digests(root: Path, shards: int) -> dict[str, object]:
     from tkg.build import catalog
     from tkg.invalidate.stages import stack_ranks
     from tkg.store.parquet import ParquetStore
-    from tkg.store.splits import shard_rows
-
     store = ParquetStore(root)
     found: dict[str, object] = {}
     with duckdb.connect() as connection:
@@ -113,14 +111,8 @@ def digests(root: Path, shards: int) -> dict[str, object]:
             found[f"{stage}.{table}"] = digest(rows)
         keys = catalog.shard_keys(shards)
         for stage in catalog.GLOBAL:
-            if not stage.shard_tables:
-                continue
-            stamp = store.stamp(store.global_path(stage.name))
-            found[f"{stage.name} fingerprints"] = stamp.parts
-            for table in stage.shard_tables:
-                for shard in keys:
-                    rows = shard_rows(store, connection, stage.name, stamp.version, table.name, shard, table.schema.names)
-                    found[f"{stage.name}/{table.name}/{shard}"] = None if rows is None else digest(rows)
+            if stage.shard_tables:
+                found.update(split_digests(store, connection, stage, keys))
         for shard in keys:
             stack_ranks(store, connection, [shard], "stacked_ranks", "scale_equality")
             found[f"candidate_ranks/{shard}/stacked"] = digest(connection.table("stacked_ranks"))
@@ -135,6 +127,20 @@ def row_digest(connection, relation) -> tuple[int, int]:
     columns = ", ".join(f'"{name}"' for name in relation.columns)
     rows, total = connection.execute(f"SELECT count(*), sum(hash({columns})::HUGEINT) FROM compared").fetchall()[0]
     return rows, int(total or 0)
+
+
+def split_digests(store, connection, stage, keys: list[str]) -> dict[str, object]:
+    """A splitting step's shard fingerprints, and (rows, sum of row hashes) of each table's rows
+    in each shard, as a reader stacks them (however many segments they are stored in)."""
+    from tkg.store.splits import shard_rows
+
+    stamp = store.stamp(store.global_path(stage.name))
+    found: dict[str, object] = {f"{stage.name} fingerprints": stamp.parts}
+    for table in stage.shard_tables:
+        for shard in keys:
+            rows = shard_rows(store, connection, stage.name, stamp.version, table.name, shard, table.schema.names)
+            found[f"{stage.name}/{table.name}/{shard}"] = None if rows is None else row_digest(connection, rows)
+    return found
 
 
 def compared(root: Path, reference: dict[str, object], shards: int) -> dict:

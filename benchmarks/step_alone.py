@@ -1,12 +1,14 @@
-"""Benchmark: one shard step alone, this tree against another, on the same store state.
+"""Benchmark: one step of the global half alone, this tree against another, on the same store state.
 
-A change to one shard step (`candidate_ranks`, `judged_pairs`) moves the whole pass by a few
-percent, less than a pass varies on a shared machine. This times the step alone: the store is
-left just before the step (e.g. a quarter's pass stopped there), the step's folder is kept as
-hard links (tkg replaces a file it writes, never writes into one), and each round runs the step over every shard once with this tree's Python and
-once with the other tree's, the folder restored before each run. DuckDB runs on one thread, so
-a shard's CPU time is its own. At the end, the last two runs' outputs (both trees, same input)
-are compared table by table and shard by shard: row counts and sums of row hashes.
+A change to one step (`fact_blocks`, `candidate_ranks`, `judged_pairs`) moves the whole pass by
+a few percent, less than a pass varies on a shared machine. This times the step alone: the
+store is left just before the step (e.g. a quarter's pass stopped there), the step's folder is
+kept as hard links (tkg replaces a file it writes, never writes into one), and each round runs
+the step (over every shard, for a shard step) once with this tree's Python and once with the
+other tree's, the folder restored before each run. DuckDB runs on one thread, so a shard's CPU
+time is its own. At the end, the last two runs' outputs (both trees, same input) are compared
+table by table and shard by shard: row counts and sums of row hashes (of a global step that
+splits its tables by shard, each shard's rows as a reader stacks them, and its fingerprints).
 
     python benchmarks/step_alone.py --store STORE --shards 32 --step judged_pairs \\
         --baseline-python OTHER_TREE/.venv/bin/python --rounds 3
@@ -40,8 +42,8 @@ def _cpu() -> float:
 
 
 def worker(store: Path, shards: int, step: str) -> int:
-    """Run `step` over every shard of `store` in this process, on one DuckDB thread; one JSON
-    line: CPU seconds per shard."""
+    """Run `step` over every shard of `store` (once, for a global step) in this process, on
+    one DuckDB thread; one JSON line: CPU seconds per shard ('*' for a global step)."""
     from tkg.build import catalog
     from tkg.build.stages import Runtime, run_global
     from tkg.settings import Settings
@@ -50,24 +52,34 @@ def worker(store: Path, shards: int, step: str) -> int:
     runtime = Runtime.open(settings)
     stage = catalog.stage(step)
     per_shard = {}
-    for shard in catalog.shard_keys(shards):
+    for shard in catalog.shard_keys(shards) if stage.sharded else ["*"]:
         start = _cpu()
-        run_global(runtime, stage, shard)
+        run_global(runtime, stage, None if shard == "*" else shard)
         per_shard[shard] = round(_cpu() - start, 3)
     print(json.dumps({"cpu_s": round(sum(per_shard.values()), 2), "per_shard": per_shard}))
     return 0
 
 
-def digests(folder: Path) -> dict[str, tuple[int, int]]:
-    """(rows, sum of row hashes) of every table file of every shard of a step's folder."""
+def digests(store: Path, shards: int, step: str) -> dict[str, object]:
+    """What a step's outputs are compared by: (rows, sum of row hashes) of every table file of
+    every shard of a shard step; a global step's tables, and the rows of each table it splits,
+    by shard, with its fingerprints."""
     import duckdb
 
     sys.path.insert(0, str(HERE))
-    from scale_equality import row_digest
+    from scale_equality import row_digest, split_digests
 
+    from tkg.build import catalog
+    from tkg.store.parquet import ParquetStore
+
+    stage, folder = catalog.stage(step), store / "parquet" / step
     with duckdb.connect() as connection:
-        return {f"{path.parent.name}/{path.stem}": row_digest(connection, connection.read_parquet(str(path)))
-                for path in sorted(folder.glob("shard=*/*.parquet"))}
+        pattern = "shard=*/*.parquet" if stage.sharded else "*.parquet"
+        found: dict[str, object] = {f"{path.parent.name}/{path.stem}": row_digest(connection, connection.read_parquet(str(path)))
+                                    for path in sorted(folder.glob(pattern))}
+        if stage.shard_tables:
+            found.update(split_digests(ParquetStore(store), connection, stage, catalog.shard_keys(shards)))
+        return found
 
 
 def main() -> int:
@@ -105,7 +117,7 @@ def main() -> int:
                 runs[name].append(json.loads(done.stdout.strip().splitlines()[-1])["cpu_s"])
                 print(f"round {round_number} {name}: {runs[name][-1]} CPU-s", flush=True)
                 if round_number == args.rounds:
-                    outputs[name] = digests(folder)
+                    outputs[name] = digests(args.store, args.shards, args.step)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(kept, folder, copy_function=os.link)
