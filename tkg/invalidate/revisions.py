@@ -20,9 +20,11 @@ outlook is $1.35 billion).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from operator import itemgetter
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -60,8 +62,8 @@ class FigureRevisions:
     retired_events: dict[str, tuple[datetime, str]]  # event -> (invalid_at, invalidated_by): every figure retired
 
 
-def _period_key(row: dict) -> tuple:
-    return tuple(row[column] for column in policy.POLICY.guidance_key)
+def _in_time(row: dict) -> tuple:
+    return row["stated_at"], row["figure_id"]
 
 
 def _bases_agree(guidance: dict, other: dict) -> bool:
@@ -71,17 +73,20 @@ def _bases_agree(guidance: dict, other: dict) -> bool:
 
 
 def _retirer(guidance: dict, later: list[dict]) -> tuple[dict, str] | None:
-    """The first later figure that retires `guidance`, with the reason; `later` is sorted by time.
+    """The first later figure that retires `guidance`, with the reason; `later` holds the
+    figures of its key stated after it, sorted by time and figure.
 
     Call by call: a reported actual retires it; a guided value retires it only when no figure of
     that call with an agreeing basis restates its value (a call that guides GAAP and non-GAAP
     EPS at once restates an unstated-basis guidance by one of them, and revises nothing)."""
-    calls: dict[int, list[dict]] = defaultdict(list)
-    for row in later:
-        if row["stated_at"] > guidance["stated_at"] and _bases_agree(guidance, row):
-            calls[row["stated_at"]].append(row)
-    for stated_at in sorted(calls):
-        rows = calls[stated_at]
+    start = 0
+    while start < len(later):  # one call (a run of the same time) at a time
+        stated_at = later[start]["stated_at"]
+        end = start
+        while end < len(later) and later[end]["stated_at"] == stated_at:
+            end += 1
+        rows = [r for r in later[start:end] if _bases_agree(guidance, r)]
+        start = end
         if (actual := next((r for r in rows if r["kind"] == "reported"), None)) is not None:
             return actual, (f"{period_label(guidance)} {guidance['metric']} reported at {describe(actual)}: "
                             f"the guidance of {describe(guidance)} is retired")
@@ -106,29 +111,36 @@ def _moment(micros: int) -> datetime:
     return _EPOCH + timedelta(microseconds=micros)
 
 
-def _period_end(company_ticker: str, fiscal_year: int, fiscal_quarter: int | None) -> int | None:
-    """The (exclusive) end of a fiscal period (a year when `fiscal_quarter` is None) on its
-    company's calendar, in microseconds since the epoch."""
-    try:
-        company = get_company(company_ticker)
-    except KeyError:
+def _period_end(fiscal_year_end_month: int | None, fiscal_year: int, fiscal_quarter: int | None) -> int | None:
+    """The (exclusive) end of a fiscal period (a year when `fiscal_quarter` is None) on a
+    calendar whose year ends in `fiscal_year_end_month` (None: a company not in the registry),
+    in microseconds since the epoch."""
+    if fiscal_year_end_month is None:
         return None
-    _, after = fiscal_quarter_bounds(company.fiscal_year_end_month, fiscal_quarter or 4, fiscal_year)
+    _, after = fiscal_quarter_bounds(fiscal_year_end_month, fiscal_quarter or 4, fiscal_year)
     return _micros(datetime(after.year, after.month, after.day, tzinfo=timezone.utc))
 
 
-def _closer(guidance: dict, reported_by_period: dict[tuple, list[dict]], calls: list[dict],
-            ends: dict[tuple, int | None]) -> tuple[dict, str] | None:
+def _year_end_month(company_ticker: str) -> int | None:
+    try:
+        return get_company(company_ticker).fiscal_year_end_month
+    except KeyError:
+        return None
+
+
+def _closer(guidance: dict, reported_by_period: dict[tuple, list[dict]], calls: tuple[list[int], list[dict]],
+            end: int | None) -> tuple[dict, str] | None:
     """Guidance nothing revised or reported closes when its period's results are published: at
     the first later call that reports any figure of the period, or else the first call after the
-    period ended (its results were due there). `calls` holds one figure per call, by time."""
+    period ended (`end`; its results were due there). `calls` holds the company's calls by time:
+    their times, and one figure of each."""
     key = (guidance["company"], guidance["fiscal_year"], guidance["fiscal_quarter"])
     reported = next((r for r in reported_by_period.get(key, []) if r["stated_at"] > guidance["stated_at"]), None)
-    if key not in ends:  # one period's end, for each of its guidance figures
-        ends[key] = _period_end(*key)
-    end = ends[key]
-    after_end = next((c for c in calls if end is not None and c["stated_at"] >= end and c["stated_at"] > guidance["stated_at"]),
-                     None)
+    after_end = None
+    if end is not None:  # the first call at or after the end, and after the guidance
+        times, firsts = calls
+        found = bisect_left(times, max(end, guidance["stated_at"] + 1))
+        after_end = firsts[found] if found < len(times) else None
     if reported is not None and (after_end is None or reported["stated_at"] <= after_end["stated_at"]):
         return reported, (f"{period_label(guidance)} results reported on {_moment(reported['stated_at']):%Y-%m-%d}: the "
                           f"{guidance['metric']} guidance of {describe(guidance)} is closed")
@@ -149,26 +161,38 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
     read = figures.select(list(READ_COLUMNS))
     at = read.schema.get_field_index("stated_at")
     rows = read.set_column(at, "stated_at", pc.cast(pc.cast(read.column(at), pa.timestamp("us", tz="UTC")), pa.int64())).to_pylist()
+    period_key = itemgetter(*policy.POLICY.guidance_key)
     for row in rows:
-        by_period[_period_key(row)].append(row)
+        by_period[period_key(row)].append(row)
     reported_by_period: dict[tuple, list[dict]] = defaultdict(list)
     first_of_call: dict[tuple, dict] = {}
-    for row in sorted(rows, key=lambda r: (r["stated_at"], r["figure_id"])):
+    for row in sorted(rows, key=_in_time):
         if row["kind"] == "reported":
             reported_by_period[(row["company"], row["fiscal_year"], row["fiscal_quarter"])].append(row)
         first_of_call.setdefault((row["company"], row["stated_at"]), row)
-    calls_of: dict[str, list[dict]] = defaultdict(list)
-    for (company, _), row in sorted(first_of_call.items(), key=lambda item: (item[0][0], item[0][1])):
-        calls_of[company].append(row)
+    calls_of: dict[str, tuple[list[int], list[dict]]] = defaultdict(lambda: ([], []))
+    for (company, stated_at), row in sorted(first_of_call.items(), key=lambda item: (item[0][0], item[0][1])):
+        calls_of[company][0].append(stated_at)
+        calls_of[company][1].append(row)
     invalidations, judgments = [], []
     retired: dict[str, dict] = {}
-    ends: dict[tuple, int | None] = {}
+    year_ends: dict[str, int | None] = {}  # each company's, from the registry once
+    ends: dict[tuple, int | None] = {}  # each period's end, once for its guidance figures
     for group in by_period.values():
-        group.sort(key=lambda r: (r["stated_at"], r["figure_id"]))
+        group.sort(key=_in_time)
+        times = [row["stated_at"] for row in group]
         for row in group:
             if row["kind"] != "guidance":
                 continue
-            found = _retirer(row, group) or _closer(row, reported_by_period, calls_of[row["company"]], ends)
+            found = _retirer(row, group[bisect_right(times, row["stated_at"]):])
+            if found is None:
+                company = row["company"]
+                period = (company, row["fiscal_year"], row["fiscal_quarter"])
+                if period not in ends:
+                    if company not in year_ends:
+                        year_ends[company] = _year_end_month(company)
+                    ends[period] = _period_end(year_ends[company], row["fiscal_year"], row["fiscal_quarter"])
+                found = _closer(row, reported_by_period, calls_of[company], ends[period])
             if found is None:
                 continue
             winner, reason = found
