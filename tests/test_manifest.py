@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from tkg.core.versions import Stamp, stamped
 from tkg.store import manifest
-from tkg.store.parquet import ParquetStore
+from tkg.store.parquet import ParquetStore, listings_held
 
 
 def _write(store: ParquetStore, relative: str, stamp: Stamp) -> None:
@@ -90,3 +90,29 @@ def test_each_folder_has_its_own_manifest_and_an_older_single_one_is_removed(tmp
     _write(other, "glob/glob.parquet", Stamp("glob", "code", {}))
     manifest.stamped_files(other, ["glob"])
     assert list(manifest._LAST_READ) == [str(other.absolute(manifest.manifest_of("glob")))]  # the first store forgotten
+
+
+def test_folders_held_are_listed_once_inside_and_afresh_after(tmp_path):
+    """Inside `listings_held` (a run of the global steps, which writes no partition), a
+    partition folder is listed once: later listings under it (file lists, identities, the
+    manifests' stamps) answer from that one, and a file written meanwhile is seen once the hold
+    ends. A folder not held is listed afresh each time; a hold inside another of the same store
+    changes nothing."""
+    store = ParquetStore(tmp_path)
+    stamp = Stamp("events", "code-1", {"up": "v1"})
+    _write(store, "events/company=A/quarter=2020-01-01/events.parquet", stamp)
+    _write(store, "step/shard=00/step.parquet", Stamp("step", "code-1", {"events": "x"}))
+    later_partition = "events/company=B/quarter=2020-01-01/events.parquet"
+    with listings_held(store, ["events"]):
+        assert [store.relative(path) for path in store.partition_files("events")] == \
+            ["events/company=A/quarter=2020-01-01/events.parquet"]
+        _write(store, later_partition, stamp)
+        _write(store, "step/shard=01/step.parquet", Stamp("step", "code-1", {"events": "y"}))
+        with listings_held(store, ["step"]):  # the outer hold stands: "step" is not held
+            assert len(store.partition_files("events")) == 1
+            assert sorted(_stamps(store, ["events"])) == ["events/company=A/quarter=2020-01-01/events.parquet"]
+            assert store.identities([later_partition]) == {}
+            assert sorted(_stamps(store, ["step"])) == ["step/shard=00/step.parquet", "step/shard=01/step.parquet"]
+    assert len(store.partition_files("events")) == 2
+    assert later_partition in _stamps(store, ["events"])
+    assert set(store.identities([later_partition])) == {later_partition}

@@ -32,6 +32,7 @@ from tkg.build.state import (
     HalfBuilt,
     global_inputs,
     outside_versions,
+    partitions_listed_once,
     stage_path,
     stage_version,
     stale_inputs,
@@ -209,7 +210,13 @@ def run_global(runtime: Runtime, stage: Stage, shard: str | None = None) -> Stag
     it reads cover the partitions; or one shard of a shard stage, once they are current with
     each other (`stale_inputs`). Its tables are written
     with one stamp, the stamp table last; a global stage's tables split by shard go first, to a
-    folder of their version, which the stamp then commits (older versions are removed)."""
+    folder of their version, which the stamp then commits (older versions are removed). It
+    writes no partition, so it lists the partitions once (`partitions_listed_once`)."""
+    with partitions_listed_once(runtime.store):
+        return _run_global(runtime, stage, shard)
+
+
+def _run_global(runtime: Runtime, stage: Stage, shard: str | None) -> StageResult:
     store, settings = runtime.store, runtime.settings
     shard_keys = shard_keys_of(settings)
     state, versions = state_for(store, stage, shard_keys, shard is not None)

@@ -24,7 +24,7 @@ from tkg.core.versions import Stamp, combine
 from tkg.ingest.parsing import SourceRow
 from tkg.ingest.sources import rows_fingerprint
 from tkg.store.manifest import stamped_files
-from tkg.store.parquet import ParquetStore
+from tkg.store.parquet import ParquetStore, listings_held
 
 
 class HalfBuilt(RuntimeError):
@@ -144,12 +144,18 @@ def partitions_listed_once(store: ParquetStore) -> Iterator[None]:
     later read takes them from that listing; the global and shard steps' stamps are read each
     time. For a run of the global steps, which writes no partition: each step read every
     partition's file information before and after it ran (16,082 partitions x 8 stages at 5M
-    events, 2 CPU-s and 4 s each time). A partition built meanwhile by another run is seen by
-    the next run of the global steps, as one built just after this run."""
+    events, 2 CPU-s and 4 s each time). The steps' own listings of partition files take them
+    from the same listing (`listings_held`). A partition built meanwhile by another run is seen
+    by the next run of the global steps, as one built just after this run. Inside a hold of the
+    same store (a step of such a run), a new one changes nothing."""
     before = _PARTITIONS_ONCE.get()
+    if before is not None and before.root == store.parquet_root:  # inside a run's: its listing stands
+        yield
+        return
     _PARTITIONS_ONCE.set(_ListedOnce(store.parquet_root))
     try:
-        yield
+        with listings_held(store, PARTITIONED_NAMES):  # and the steps' own listings of partitions
+            yield
     finally:  # set, not reset: a generator's frame may close in another context than it began in
         _PARTITIONS_ONCE.set(before)
 

@@ -69,12 +69,10 @@ def stamped_files(store: ParquetStore, folders: list[str], wanted: Callable[[str
         manifest = manifest_of(folder)
         files = found.setdefault(manifest, {})
         listed[manifest] = (*listed.get(manifest, ()), folder.rstrip("/") + "/")
-        selector = pafs.FileSelector(str(store.parquet_root / folder), recursive=True, allow_not_found=True)
-        for info in store.filesystem.get_file_info(selector):
-            name = info.path.rsplit("/", 1)[-1]
-            relative = store.relative(info.path)
-            if info.type == pafs.FileType.File and name.endswith(".parquet") and not name.startswith(".") and wanted(relative):
-                files[relative] = (int(info.size or 0), mtime_ns(info))
+        for relative, identity in store.folder_files(folder).items():
+            name = relative.rsplit("/", 1)[-1]
+            if name.endswith(".parquet") and not name.startswith(".") and wanted(relative):
+                files[relative] = identity
     stamps: dict[str, Stamp | None] = {}
     for manifest, files in found.items():
         known = _read_manifest(store, manifest)

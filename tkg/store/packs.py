@@ -126,7 +126,7 @@ def packed(store: ParquetStore, connection: Any, files: list[PurePath]) -> Any:
     schema = next(iter(fingerprints))
     columns = light_columns(asset, names)
     folder = Path(store.parquet_root) / PACKS / asset
-    now = _identities(store, [store.relative(path) for path in files])
+    now = store.identities([store.relative(path) for path in files])
     missing = [path for path in files if store.relative(path) not in now]
     if missing:
         raise FileNotFoundError(f"{len(missing)} partition file(s) of {asset} are gone, e.g. {missing[0]}")
@@ -150,13 +150,6 @@ def packed(store: ParquetStore, connection: Any, files: list[PurePath]) -> Any:
     except (OSError, duckdb.Error) as error:  # a pack only saves time: the rows are read as they stand
         log.warning("could not write a pack of %s (%s); reading its files", asset, str(error).splitlines()[0])
     return _relation(store, connection, packs, served, loose, columns)
-
-
-def _identities(store: ParquetStore, relative: list[str]) -> dict[str, tuple[int, int]]:
-    """Each file's size and modification time (ns) now."""
-    infos = store.filesystem.get_file_info([str(store.absolute(path)) for path in relative])
-    return {path: (int(info.size or 0), info.mtime_ns or 0) for path, info in zip(relative, infos)
-            if info.type.name == "File"}
 
 
 def _packs(folder: Path, asset: str, schema: str, columns: list[str]) -> list[_Pack]:
@@ -211,7 +204,7 @@ def _remove_folded(packs: list[_Pack]) -> None:
 def _current(store: ParquetStore, packs: list[_Pack], now: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
     """Every file a pack holds as it is now (asked for or not): what a fold keeps."""
     others = sorted({path for pack in packs for path in pack.files} - set(now))
-    current = {**_identities(store, others), **now} if others else now
+    current = {**store.identities(others), **now} if others else now
     return {path: current[path] for pack in packs for path, (size, mtime, _) in pack.files.items()
             if current.get(path) == (size, mtime)}
 

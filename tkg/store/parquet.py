@@ -11,8 +11,10 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path, PurePath, PurePosixPath
 
@@ -141,6 +143,40 @@ def relation_batches(relation: duckdb.DuckDBPyRelation, schema: pa.Schema) -> pa
     """A relation's columns of `schema`, streamed as batches cast to it (never held whole)."""
     reader = relation.select(*(f'"{name}"' for name in schema.names)).fetch_arrow_reader(batch_size=65536)
     return pa.RecordBatchReader.from_batches(schema, (batch.cast(schema) for batch in reader))
+
+
+@dataclass
+class _HeldListings:
+    """The store whose folders `listings_held` holds, which top folders, and each one's files
+    once listed (relative path -> size and modification time)."""
+
+    root: str
+    folders: frozenset[str]
+    files: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+
+
+_HELD: ContextVar[_HeldListings | None] = ContextVar("tkg_held_listings", default=None)
+
+
+@contextmanager
+def listings_held(store: ParquetStore, folders: Iterable[str]) -> Iterator[None]:
+    """Within: each of `folders` (top folders of the store, e.g. the partitioned stages') is
+    listed once, at the first listing of anything under it, and later listings under it
+    (`ParquetStore.listing`, `folder_files`, `identities`) take their files from that one.
+    For work that writes nothing under those folders: a global step, which lists every
+    partition of several stages several times (16,082 partitions a stage at 5M events, a third
+    of a second each time). A file written under them meanwhile by another run is seen by the
+    next holder, as one written just after. Inside a hold of the same store, a new one changes
+    nothing."""
+    before = _HELD.get()
+    if before is not None and before.root == str(store.parquet_root):
+        yield
+        return
+    _HELD.set(_HeldListings(str(store.parquet_root), frozenset(folders)))
+    try:
+        yield
+    finally:  # set, not reset: a generator's frame may close in another context than it began in
+        _HELD.set(before)
 
 
 class ParquetStore:
@@ -297,15 +333,43 @@ class ParquetStore:
         """`files(pattern)` with each file's size and modification time (ns), from one listing
         of the folder before the first wildcard: what tells a rewritten file from an unchanged one."""
         fixed = pattern.split("*", 1)[0].rpartition("/")[0]  # the folder before the first wildcard
-        base = self.parquet_root / fixed if fixed else self.parquet_root
-        selector = pafs.FileSelector(str(base), recursive=True, allow_not_found=True)
         matcher = _glob_regex(pattern)
-        found = {}
-        for info in self.filesystem.get_file_info(selector):
-            relative = self.relative(info.path)
-            if info.type == pafs.FileType.File and matcher.match(relative) and not relative.rsplit("/", 1)[-1].startswith("."):
-                found[type(self.parquet_root)(info.path)] = (int(info.size or 0), mtime_ns(info))
-        return found
+        return {self.absolute(relative): identity for relative, identity in self.folder_files(fixed).items()
+                if matcher.match(relative) and not relative.rsplit("/", 1)[-1].startswith(".")}
+
+    def folder_files(self, folder: str) -> dict[str, tuple[int, int]]:
+        """Every file under `folder` (relative to the Parquet root; '' for all of it), by its
+        relative path, with its size and modification time (ns): one listing, or the one
+        `listings_held` holds of its top folder."""
+        held = _HELD.get()
+        top = folder.strip("/").split("/", 1)[0]
+        if held is None or held.root != str(self.parquet_root) or not top or top not in held.folders:
+            return self._list(folder)
+        if top not in held.files:
+            held.files[top] = self._list(top)
+        inside = folder.strip("/") + "/"
+        return {relative: identity for relative, identity in held.files[top].items() if relative.startswith(inside)}
+
+    def _list(self, folder: str) -> dict[str, tuple[int, int]]:
+        base = self.parquet_root / folder if folder.strip("/") else self.parquet_root
+        selector = pafs.FileSelector(str(base), recursive=True, allow_not_found=True)
+        return {self.relative(info.path): (int(info.size or 0), mtime_ns(info))
+                for info in self.filesystem.get_file_info(selector) if info.type == pafs.FileType.File}
+
+    def identities(self, relative: list[str]) -> dict[str, tuple[int, int]]:
+        """The size and modification time (ns) of each of these files (relative paths) that
+        is there now: from the listing `listings_held` holds of their top folder, else one
+        look at each."""
+        held = _HELD.get()
+        tops = {path.split("/", 1)[0] for path in relative}
+        if held is not None and held.root == str(self.parquet_root) and tops <= held.folders:
+            listed: dict[str, tuple[int, int]] = {}
+            for top in tops:
+                listed.update(self.folder_files(top))
+            return {path: listed[path] for path in relative if path in listed}
+        infos = self.filesystem.get_file_info([str(self.absolute(path)) for path in relative])
+        return {path: (int(info.size or 0), mtime_ns(info)) for path, info in zip(relative, infos)
+                if info.type == pafs.FileType.File}
 
     def partition_files(self, asset: str) -> list[PurePath]:
         """Every partition file of a partitioned asset."""
