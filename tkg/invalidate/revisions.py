@@ -24,6 +24,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from itertools import groupby
 from operator import itemgetter
 
 import pyarrow as pa
@@ -79,14 +80,8 @@ def _retirer(guidance: dict, later: list[dict]) -> tuple[dict, str] | None:
     Call by call: a reported actual retires it; a guided value retires it only when no figure of
     that call with an agreeing basis restates its value (a call that guides GAAP and non-GAAP
     EPS at once restates an unstated-basis guidance by one of them, and revises nothing)."""
-    start = 0
-    while start < len(later):  # one call (a run of the same time) at a time
-        stated_at = later[start]["stated_at"]
-        end = start
-        while end < len(later) and later[end]["stated_at"] == stated_at:
-            end += 1
-        rows = [r for r in later[start:end] if _bases_agree(guidance, r)]
-        start = end
+    for _, call in groupby(later, key=itemgetter("stated_at")):  # a call's figures share its time
+        rows = [r for r in call if _bases_agree(guidance, r)]
         if (actual := next((r for r in rows if r["kind"] == "reported"), None)) is not None:
             return actual, (f"{period_label(guidance)} {guidance['metric']} reported at {describe(actual)}: "
                             f"the guidance of {describe(guidance)} is retired")

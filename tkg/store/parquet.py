@@ -341,14 +341,19 @@ class ParquetStore:
         """Every file under `folder` (relative to the Parquet root; '' for all of it), by its
         relative path, with its size and modification time (ns): one listing, or the one
         `listings_held` holds of its top folder."""
-        held = _HELD.get()
+        held = self._held()
         top = folder.strip("/").split("/", 1)[0]
-        if held is None or held.root != str(self.parquet_root) or not top or top not in held.folders:
+        if held is None or top not in held.folders:
             return self._list(folder)
         if top not in held.files:
             held.files[top] = self._list(top)
         inside = folder.strip("/") + "/"
         return {relative: identity for relative, identity in held.files[top].items() if relative.startswith(inside)}
+
+    def _held(self) -> _HeldListings | None:
+        """The listings `listings_held` holds for this store, if any."""
+        held = _HELD.get()
+        return held if held is not None and held.root == str(self.parquet_root) else None
 
     def _list(self, folder: str) -> dict[str, tuple[int, int]]:
         base = self.parquet_root / folder if folder.strip("/") else self.parquet_root
@@ -360,9 +365,9 @@ class ParquetStore:
         """The size and modification time (ns) of each of these files (relative paths) that
         is there now: from the listing `listings_held` holds of their top folder, else one
         look at each."""
-        held = _HELD.get()
+        held = self._held()
         tops = {path.split("/", 1)[0] for path in relative}
-        if held is not None and held.root == str(self.parquet_root) and tops <= held.folders:
+        if held is not None and tops <= held.folders:
             listed: dict[str, tuple[int, int]] = {}
             for top in tops:
                 listed.update(self.folder_files(top))
