@@ -45,7 +45,7 @@ GLOBAL_TABLES = [("canonical_entities", "canonical_entities"), ("canonical_entit
                  ("spoken_mentions", "spoken_mentions"), ("invalidated_events", "event_invalidations"),
                  ("invalidated_events", "invalidation_judgments"), ("invalidated_events", "figure_invalidations"),
                  ("fact_relevance", "fact_relevance")]
-SHARD_TABLES = [("candidate_ranks", "ranked_members"), ("judged_pairs", "judgments"), ("judged_pairs", "retirements"),
+SHARD_TABLES = [("candidate_ranks", "ranked_members"), ("judged_pairs", "retirements"),
                 ("judged_pairs", "paired_events"), ("judged_pairs", "paired_units")]
 
 
@@ -95,7 +95,7 @@ def digests(root: Path, shards: int) -> dict[str, object]:
     import duckdb
 
     from tkg.build import catalog
-    from tkg.invalidate.stages import stack_ranks
+    from tkg.invalidate.stages import stack_judgments, stack_ranks
     from tkg.store.parquet import ParquetStore
     store = ParquetStore(root)
     found: dict[str, object] = {}
@@ -116,6 +116,8 @@ def digests(root: Path, shards: int) -> dict[str, object]:
         for shard in keys:
             stack_ranks(store, connection, [shard], "stacked_ranks", "scale_equality")
             found[f"candidate_ranks/{shard}/stacked"] = digest(connection.table("stacked_ranks"))
+            stack_judgments(store, connection, [shard], "stacked_judgments", "scale_equality")
+            found[f"judged_pairs/{shard}/judgments"] = digest(connection.table("stacked_judgments"))
             for stage, table in SHARD_TABLES:
                 found[f"{stage}/{shard}/{table}"] = digest(store.relation(connection, [store.shard_path(stage, shard, table)]))
     return found

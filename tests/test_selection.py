@@ -76,7 +76,7 @@ def test_ranks_whose_base_another_run_named_stop_the_selection(tmp_path):
     for shard in SHARDS:
         _ranks(store, shard, "1", None, [])
     other = Stamp("candidate_ranks", "code", {"build": "2", "shard": "01"})
-    base = pa.table({"file": ["v=0123/candidate_ranks.parquet"], "rows": [0]}, schema=tables.RANK_BASE)
+    base = pa.table({"file": ["v=0123/candidate_ranks.parquet"], "rows": [0]}, schema=tables.SHARD_BASE)
     store.write(store.shard_path("candidate_ranks", "01", "rank_base"), stamped(base, other))
     with duckdb.connect() as connection:
         job = StageJob(None, {}, None, store=store, connection=connection, shard_keys=SHARDS)

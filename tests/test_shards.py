@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import yaml
 
@@ -44,6 +45,7 @@ from tkg.core.machine import (
     usable_cores,
 )
 from tkg.core.companies import DEFAULT_COMPANIES_FILE
+from tkg.core.results import StageIncomplete
 from tkg.invalidate import stages as invalidate_stages
 from tkg.settings import Settings
 from tkg.store import packs
@@ -433,10 +435,10 @@ MEMOISED_TABLES = [("candidate_ranks", "ranked_members"), ("candidate_ranks", "c
 
 def _shard_outputs(home: Path) -> dict[str, object]:
     """Every shard step's output tables, their rows in order (they are stored in none); a
-    shard's candidate ranks as they stack (its base and the changes since,
-    tkg.invalidate.stages.stack_ranks)."""
+    shard's candidate ranks and judgments as they stack (its base and the changes since,
+    tkg.invalidate.stages.stack_ranks and stack_judgments)."""
     store = ParquetStore(home)
-    return {f"{stage}/{path.parent.name}/{table}": (_stacked_ranks(store, path) if table == "candidate_ranks"
+    return {f"{stage}/{path.parent.name}/{table}": (_stacked(store, path, STACKED[table]) if table in STACKED
                                                     else _in_order(store.read(path).replace_schema_metadata(None)))
             for stage, table in MEMOISED_TABLES for path in sorted((home / "parquet" / stage).glob(f"shard=*/{table}.parquet"))}
 
@@ -445,10 +447,13 @@ def _in_order(table: pa.Table) -> pa.Table:
     return table.sort_by([(name, "ascending") for name in table.column_names])
 
 
-def _stacked_ranks(store: ParquetStore, path: Path) -> object:
+STACKED = {"candidate_ranks": invalidate_stages.stack_ranks, "judgments": invalidate_stages.stack_judgments}
+
+
+def _stacked(store: ParquetStore, path: Path, stack) -> object:
     with duckdb.connect() as connection:
-        invalidate_stages.stack_ranks(store, connection, [path.parent.name.removeprefix("shard=")], "ranks", "test")
-        return connection.sql("SELECT * FROM ranks ORDER BY ALL").to_arrow_table()
+        stack(store, connection, [path.parent.name.removeprefix("shard=")], "rows", "test")
+        return connection.sql("SELECT * FROM rows ORDER BY ALL").to_arrow_table()
 
 
 @needs_corpus
@@ -464,6 +469,7 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     monkeypatch.setattr(packs, "MIN_FILES", 4)  # two companies' calls: few enough to be read as files
     # two companies' quarter changes more of a shard's ranks than a big store's: written as changes all the same
     monkeypatch.setattr(invalidate_stages, "RANKS_DELTA_SHARE", 1.0)
+    monkeypatch.setattr(invalidate_stages, "JUDGMENTS_DELTA_SHARE", 1.0)
     calls = sorted((two_companies / "parquet" / "transcripts").glob("company=*/quarter=*"))
     newest = max(path.name for path in calls)
     withdrawn = calls[0].relative_to(two_companies / "parquet" / "transcripts")
@@ -507,6 +513,11 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert 0 < report.counts["units_paired_now"] < cold_report.counts["units_paired_now"]
     # the ranks: the increment wrote each shard's changes on its base, the cold build every row
     assert report.counts["ranks_written_whole"] == 0 and cold_report.counts["ranks_written_whole"] == 3
+    # the judgments too: the pairs judged or dropped written as changes on each shard's base
+    assert report.counts["judgments_written_whole"] == 0 and cold_report.counts["judgments_written_whole"] == 3
+    judgment_changes = [ParquetStore(home).read(path) for path in (home / "parquet" / "judged_pairs").glob("shard=*/judgments.parquet")]
+    assert 0 < sum(rows.num_rows for rows in judgment_changes) < report.counts["judged_pairs"] / 2
+    assert any(pc.any(rows["gone"]).as_py() for rows in judgment_changes)
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert increment.keys() == built.keys() and len(built) == 3 * len(MEMOISED_TABLES)
     assert [name for name in built if not increment[name].equals(built[name])] == []
@@ -554,11 +565,13 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     again, cold_again = finish_graph(_runtime(home, 3)), finish_graph(_runtime(cold, 3))
     assert again.counts["incoming_changed"] > 0
     assert again.counts["ranks_written_whole"] == cold_again.counts["ranks_written_whole"] == 0
+    assert again.counts["judgments_written_whole"] == cold_again.counts["judgments_written_whole"] == 0
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert [name for name in built if not increment[name].equals(built[name])] == []
     assert _split_tables(home) == _split_tables(cold)
     # one base per shard, the first build's, which both increments' changes stand on
     assert len(list((home / "parquet" / "candidate_ranks").glob("shard=*/v=*"))) == 3
+    assert len(list((home / "parquet" / "judged_pairs").glob("shard=*/v=*"))) == 3
 
     # the call back in both: the inputs of the state before, so the same versions, which the
     # versions now stack as their base (the selection's rows are read before those files go)
@@ -721,6 +734,25 @@ def test_a_shard_rewritten_with_the_same_version_reloads_the_published_judgments
     assert publish(runtime.store, target, raw_tables()).tables["invalidation_judgments"] == "reloaded"
     fresh = publish(runtime.store, tmp_path / "fresh.duckdb", raw_tables())
     assert published_rows(target) == published_rows(fresh.path)
+
+
+def test_judgments_without_their_base_stop_the_retirements_naming_the_shard(sample_home, tmp_path):
+    """A shard's judgments are the changes since its base (tkg.invalidate.stages.stack_judgments):
+    a shard whose base was removed is never read as if its changes were every judgment; the
+    retirements stop, naming the shard and the folder to remove, and removing it heals the graph."""
+    home = _copy(sample_home, tmp_path / "home")
+    runtime = _runtime(home, 8)
+    invalidated = catalog.stage("invalidated_events")
+    before = ParquetStore(home).read(ParquetStore(home).global_path("invalidated_events", "invalidation_judgments"))
+    shard = home / "parquet" / "judged_pairs" / "shard=02"
+    (shard / "judgment_base.parquet").unlink()
+    with pytest.raises(StageIncomplete, match=f"shard 02's judgments have no base .*remove the folder {re.escape(str(shard))}"):
+        run_global(runtime, invalidated)
+    shutil.rmtree(shard)
+    run_global(runtime, catalog.stage("judged_pairs"), "02")
+    run_global(runtime, invalidated)
+    after = ParquetStore(home).read(ParquetStore(home).global_path("invalidated_events", "invalidation_judgments"))
+    assert after.num_rows > 0 and _in_order(after.replace_schema_metadata(None)).equals(_in_order(before.replace_schema_metadata(None)))
 
 
 @needs_corpus

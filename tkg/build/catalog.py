@@ -192,7 +192,7 @@ STAGES: tuple[Stage, ...] = (
         code_version=lambda f: f"{INVALIDATION_VERSION}:{f.policy}", compute=invalidate.candidate_ranks,
         inputs=("fact_blocks",), kind="shard", published=False,
         tables=(Table("ranked_members", tables.RANKED_MEMBERS), Table("rank_changes", tables.RANK_CHANGES),
-                Table("rank_base", tables.RANK_BASE, memo=True), Table("candidate_ranks", tables.CANDIDATE_RANKS))),
+                Table("rank_base", tables.SHARD_BASE, memo=True), Table("candidate_ranks", tables.CANDIDATE_RANKS))),
     Stage(
         "candidate_selection", "invalidation",
         "Every shard's ranks merged: each incoming fact's top k candidate facts over all its blocks, each sent to the "
@@ -208,11 +208,12 @@ STAGES: tuple[Stage, ...] = (
         "One shard's judge pairs (the older event and the earliest restatement of a candidate fact that may retire it) "
         "and the judge's verdict on each, with its reason; each primary's earliest retirer in the shard. Against the "
         "shard's last output, only the facts whose selected rows or events changed are paired again, and a pair whose "
-        "events did not change keeps its verdict from it.",
+        "events did not change keeps its verdict from it. The judgments are stored as a base and the changes since it "
+        "(a quarter writes the pairs it judged or dropped, not every judgment).",
         code_version=lambda f: f"{f.judge}:{PAIRS_VERSION}", compute=invalidate.judged_pairs,
         inputs=("fact_blocks", "candidate_selection"), kind="shard", published=False, prompt=TEMPLATES["judge"],
         counters=("judge",),
-        tables=(Table("judgments", tables.SHARD_JUDGMENTS),
+        tables=(Table("judgments", tables.SHARD_JUDGMENT_DELTA), Table("judgment_base", tables.SHARD_BASE),
                 Table("paired_events", tables.PAIRED_EVENTS, memo=True),
                 Table("paired_units", tables.PAIRED_UNITS, memo=True),
                 Table("judgment_changes", tables.JUDGMENT_CHANGES, memo=True), Table("retirements", tables.RETIREMENTS))),

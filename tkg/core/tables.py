@@ -170,9 +170,9 @@ CANDIDATE_RANKS = pa.schema([
     ("incoming_event_id", pa.string()), ("candidate_dynamic", pa.bool_()), ("fact_key", pa.string()),
     ("cosine", pa.float32()), ("block_entity", pa.string()), ("block_group", pa.int8()), ("predicate_group", pa.int8()),
 ])
-# The base a shard's candidate ranks are stacked on: its file (relative to the shard's folder)
-# and rows (tkg.invalidate.stages.stack_ranks).
-RANK_BASE = pa.schema([("file", pa.string()), ("rows", pa.int64())])
+# The base a shard's candidate ranks or judgments are stacked on: its file (relative to the
+# shard's folder) and rows (tkg.invalidate.stages.stack_ranks, stack_judgments).
+SHARD_BASE = pa.schema([("file", pa.string()), ("rows", pa.int64())])
 # The block members a shard's candidate ranks cover, each with a fingerprint of its fact.
 RANKED_MEMBERS = pa.schema([("canonical_id", pa.string()), ("predicate_group", pa.int8()), ("event_id", pa.string()),
                             ("fingerprint", pa.uint64())])
@@ -187,6 +187,9 @@ JUDGMENTS_READ = pa.schema([*SHARDS_READ, ("size", pa.int64()), ("mtime_ns", pa.
 # A shard's judgments, each with what the shard's next run compares: a fingerprint of what its
 # verdict depends on, and its unit (a hash of its two facts' keys, see tkg.invalidate.stages).
 SHARD_JUDGMENTS = pa.schema([*INVALIDATION_JUDGMENTS, ("fingerprint", pa.uint64()), ("unit", pa.uint64())])
+# A shard's judgments as stored: the changes since its base (tkg.invalidate.stages.stack_judgments),
+# a row per pair of the base that is gone (`gone`) and per pair judged since, as judged now.
+SHARD_JUDGMENT_DELTA = pa.schema([("gone", pa.bool_()), *SHARD_JUDGMENTS])
 # What a shard's judge pairs were made from, for its next run to tell which pairs to make again:
 # each fact it held, with the hash of its row in the facts split and of its canonical triplets
 # (the judge reads them; the pairing does not) ...

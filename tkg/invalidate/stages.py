@@ -15,7 +15,8 @@ once per shard, on that shard's rows alone (one process, its memory bounded by i
                                 changed are selected again
     judged_pairs (shard)        pair and judge: each primary's earliest retirer in the shard; only
                                 the units (two facts) whose selected rows or events changed are
-                                paired again, and only the pairs whose events changed are judged
+                                paired again, and only the pairs whose events changed are judged;
+                                stored as a base and the changes since it (`stack_judgments`)
     invalidated_events (global) retire: the earliest retirer over every shard (the exact merge
                                 of a primary judged in several shards), and figure revisions
 
@@ -76,7 +77,7 @@ from tkg.store.warehouse import apply_model, model
 # Bump when the phases change how they split, rank, select or pair.
 INVALIDATION_VERSION = "sharded-invalidation-6"
 # Bump when a shard's judgments change what they store for the shard's next run (judged_pairs).
-PAIRS_VERSION = "shard-judgments-2"
+PAIRS_VERSION = "shard-judgments-3"
 # Bump when the rules of tkg.invalidate.positions change.
 POSITIONS_VERSION = "positions-8"
 
@@ -309,7 +310,7 @@ def candidate_ranks(job: StageJob) -> StageResult:
     states = dict(connection.execute("SELECT state, count(*) FROM block_states GROUP BY state").fetchall())
     return StageResult(tables.CANDIDATE_RANKS.empty_table(), rows=ranked,
                        tables={"ranked_members": ranked_members, "rank_changes": rank_changes,
-                               "rank_base": pa.table({"file": [base["file"]], "rows": [base["rows"]]}, schema=tables.RANK_BASE),
+                               "rank_base": pa.table({"file": [base["file"]], "rows": [base["rows"]]}, schema=tables.SHARD_BASE),
                                "candidate_ranks": changes},
                        counts=Counter({"facts": _count(connection, "fact_hashes"), "facts_read": facts.num_rows,
                                        "ranked": ranked, "blocks": sum(states.values()),
@@ -341,15 +342,11 @@ def stack_ranks(store, connection: duckdb.DuckDBPyConnection, shards: list[str],
     run than its candidate_ranks (a run stopped between the two) stops `reader`."""
     whole, changes, replaced, bases = [], [], [], {}
     for shard in shards:
-        path, base = (store.shard_path("candidate_ranks", shard, table) for table in ("candidate_ranks", "rank_base"))
-        if not store.is_file(base):
+        path = store.shard_path("candidate_ranks", shard)
+        bases[shard] = _shard_base(store, "candidate_ranks", shard, "candidate_ranks", "rank_base", reader)
+        if bases[shard] is None:
             whole.append(path)
-            bases[shard] = None
             continue
-        if store.stamp(base) != store.stamp(path):
-            raise StageIncomplete(reader, None, f"shard {shard}'s candidate ranks are half-written (its rank_base and "
-                                  "candidate_ranks files are of two runs); run candidate_ranks again")
-        bases[shard] = store.read(base).to_pylist()[0]
         whole.append(path.parent / bases[shard]["file"])
         if store.metadata(path).num_rows:
             changes.append(path)
@@ -367,6 +364,19 @@ def stack_ranks(store, connection: duckdb.DuckDBPyConnection, shards: list[str],
                            SELECT {RANK_COLUMNS} FROM {name}_whole ANTI JOIN {name}_replaced USING (_shard, incoming_event_id)
                            UNION ALL SELECT {RANK_COLUMNS} FROM {name}_changes WHERE fact_key IS NOT NULL""")
     return bases
+
+
+def _shard_base(store, asset: str, shard: str, table: str, base_table: str, reader: str) -> dict | None:
+    """The base a shard's `table` (its changes) is stacked on: its `base_table` row (tables.SHARD_BASE),
+    or None when there is none. A base of another run than the changes (a run that stopped between
+    its files) stops `reader`."""
+    path, base = store.shard_path(asset, shard, table), store.shard_path(asset, shard, base_table)
+    if not store.is_file(base):
+        return None
+    if store.stamp(base) != store.stamp(path):
+        raise StageIncomplete(reader, None, f"shard {shard}'s {table.replace('_', ' ')} are half-written (its {base_table} "
+                              f"and {table} files are of two runs); run {asset} again")
+    return store.read(base).to_pylist()[0]
 
 
 def _ranks_written(store, connection: duckdb.DuckDBPyConnection, folder, shard: str, base: dict | None
@@ -492,9 +502,11 @@ def judged_pairs(job: StageJob) -> StageResult:
     of its two events) is the one it had in the last output keeps its verdict, and only the
     other pairs are judged: the pairs made again, and kept pairs whose events' triplets changed.
     Each judgment is stored with its fingerprint and its unit (tables.SHARD_JUDGMENTS), which
-    the next run compares. The last output's judgments are read whole twice: once to find the
-    few this run looks at again (TOUCHED_PAIRS_SQL), once to write the others as they are."""
-    connection = job.connection
+    the next run compares. The last output's judgments are read whole to find the few this run
+    looks at again (TOUCHED_PAIRS_SQL), and once more for the earliest retirers; what is written
+    is the changes since the shard's base (`stack_judgments`)."""
+    connection, store = job.connection, job.store
+    base = _previous_judgments(job)
     facts, paired = _pairs_made_now(job)
     # the pairs to fingerprint: the ones made now, and the last output's that stand but whose events' triplets changed
     pair_columns = ", ".join(paired.schema.names)
@@ -520,25 +532,25 @@ def judged_pairs(job: StageJob) -> StageResult:
     connection.register("judged_rows", judged)
     connection.execute("""CREATE TEMP TABLE judged_now AS SELECT j.*, f.fingerprint, f.unit
                           FROM judged_rows j JOIN shard_fingerprints f USING (primary_event_id, secondary_event_id)""")
-    columns = ", ".join(tables.SHARD_JUDGMENTS.names)
     connection.execute(f"""CREATE TEMP TABLE gone_judgments AS
-                           SELECT {columns} FROM touched_pairs ANTI JOIN matched USING (primary_event_id, secondary_event_id)""")
-    # the last output's judgments read once more, to leave out the gone ones
-    connection.execute(f"""CREATE TEMP TABLE shard_judgments AS
-                           SELECT {columns} FROM previous_judgments ANTI JOIN gone_judgments
-                               USING (primary_event_id, secondary_event_id)
-                           UNION ALL SELECT {columns} FROM judged_now""")
+                           SELECT {SHARD_JUDGMENT_COLUMNS} FROM touched_pairs ANTI JOIN matched USING ({PAIR_KEY})""")
+    connection.execute(f"""CREATE TEMP VIEW shard_judgments AS
+                           SELECT {SHARD_JUDGMENT_COLUMNS} FROM previous_judgments ANTI JOIN gone_judgments USING ({PAIR_KEY})
+                           UNION ALL SELECT {SHARD_JUDGMENT_COLUMNS} FROM judged_now""")
+    folder = store.shard_path("judged_pairs", job.shard).parent
+    _drop_bases(store, folder, keep=base)
+    last_base = base
+    base, delta = _judgments_written(job, folder, base)
     retired = (connection.sql(EARLIEST_RETIRER_SQL.format(judgments="shard_judgments", events="event_states"))
                .to_arrow_table().cast(tables.RETIREMENTS))
     pairs, true_verdicts = connection.execute("SELECT count(*), coalesce(count_if(invalidates), 0) FROM shard_judgments").fetchall()[0]
     counts = Counter({"candidate_pairs": pairs, "judged_pairs": pairs, "true_verdicts": true_verdicts,
                       "pairs_kept": pairs - _count(connection, "judged_now"), "pairs_judged_now": judge_counts["judged_pairs"],
                       "pairs_made_now": paired.num_rows, "units_paired_now": _count(connection, "repaired_units"),
-                      "facts_read": pair_facts.num_rows})
-    # written in no set order: every reader joins or aggregates them, and sorting a shard's
-    # judgments (900,000 rows at 5M events) cost more than writing them
+                      "facts_read": pair_facts.num_rows, "judgments_written_whole": int(base is not last_base)})
     return StageResult(retired, counts=counts, metadata={"judge": job.providers.judge.name}, tables={
-        "judgments": connection.table("shard_judgments"),
+        "judgments": delta,
+        "judgment_base": pa.table({"file": [base["file"]], "rows": [base["rows"]]}, schema=tables.SHARD_BASE),
         "judgment_changes": _judgment_changes_since(job),
         "retirements": retired,
         "paired_events": connection.sql("SELECT event_id, fact_key, fact_hash, triplets_hash FROM event_states"),
@@ -571,6 +583,76 @@ def _judgment_changes(connection: duckdb.DuckDBPyConnection, name: str, since: s
     return connection.table(name)
 
 
+# A shard's judgments are stored as a base and the changes since it, as its ranks are. The base
+# (`v=<id>/judgments.parquet` in the shard's folder, named by its `judgment_base`) holds every
+# judgment as of the shard's last write whole; the shard's `judgments` holds the changes since
+# (tables.SHARD_JUDGMENT_DELTA): a row per pair of the base gone since (`gone`), and per pair
+# judged since, as judged now. A quarter judges about 3% of a shard's pairs again, so it writes
+# those rather than every judgment of the shard (900,000 at 5M events), which a base holds in no
+# set order (every reader joins or aggregates them). The shard is written whole again once its
+# changes hold more than JUDGMENTS_DELTA_SHARE of the base's rows.
+JUDGMENTS_DELTA_SHARE = 0.25
+SHARD_JUDGMENT_COLUMNS = ", ".join(tables.SHARD_JUDGMENTS.names)
+PAIR_KEY = "primary_event_id, secondary_event_id"
+
+
+def stack_judgments(store, connection: duckdb.DuckDBPyConnection, shards: list[str], name: str, reader: str
+                    ) -> dict[str, dict]:
+    """View `name`: the judgments of `shards` as stored (tables.SHARD_JUDGMENTS), each shard's
+    base less the pairs its changes name, with the changes' rows now; `{name}_changes_<shard>`,
+    the shard's changes. Returns each shard's base. A shard whose base is missing, or of another
+    run than its changes, stops `reader`."""
+    selects, bases = [], {}
+    for shard in shards:
+        path = store.shard_path("judged_pairs", shard, "judgments")
+        base = _shard_base(store, "judged_pairs", shard, "judgments", "judgment_base", reader)
+        if base is None:
+            raise StageIncomplete(reader, None, f"shard {shard}'s judgments have no base (its judgment_base file is "
+                                  f"missing); remove the folder {path.parent} and run judged_pairs again")
+        bases[shard] = base
+        store.relation(connection, [path.parent / base["file"]]).create_view(f"{name}_base_{shard}", replace=True)
+        store.relation(connection, [path]).create_view(f"{name}_changes_{shard}", replace=True)
+        select = f"SELECT {SHARD_JUDGMENT_COLUMNS} FROM {name}_base_{shard}"
+        if store.metadata(path).num_rows:
+            select += (f" ANTI JOIN {name}_changes_{shard} USING ({PAIR_KEY})"
+                       f" UNION ALL SELECT {SHARD_JUDGMENT_COLUMNS} FROM {name}_changes_{shard} WHERE NOT gone")
+        selects.append(select)
+    if not selects:
+        connection.from_arrow(tables.SHARD_JUDGMENTS.empty_table()).create_view(name, replace=True)
+        return bases
+    connection.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {' UNION ALL '.join(selects)}")
+    return bases
+
+
+def _previous_judgments(job: StageJob) -> dict | None:
+    """View `previous_judgments`: the shard's judgments in its last output (none without one),
+    and that output's base (`stack_judgments`)."""
+    if "judgments" not in job.previous:
+        job.connection.from_arrow(tables.SHARD_JUDGMENTS.empty_table()).create_view("previous_judgments", replace=True)
+        return None
+    return stack_judgments(job.store, job.connection, [job.shard], "previous_judgments", "judged_pairs")[job.shard]
+
+
+def _judgments_written(job: StageJob, folder, base: dict | None) -> tuple[dict, duckdb.DuckDBPyRelation | pa.Table]:
+    """The shard's judgments now (`shard_judgments`) as a base and its changes (`stack_judgments`):
+    on the last output's base (`base`), its changes with those of this run (`gone_judgments`,
+    `judged_now`) merged in; or, without one or past JUDGMENTS_DELTA_SHARE of it, a new base of
+    every judgment and no changes."""
+    store, connection = job.store, job.connection
+    if base is not None:
+        connection.execute(f"""
+            CREATE TEMP TABLE judgment_delta AS
+            SELECT gone, {SHARD_JUDGMENT_COLUMNS} FROM previous_judgments_changes_{job.shard}
+                ANTI JOIN (SELECT {PAIR_KEY} FROM gone_judgments UNION ALL SELECT {PAIR_KEY} FROM judged_now) USING ({PAIR_KEY})
+            UNION ALL SELECT true, {SHARD_JUDGMENT_COLUMNS} FROM gone_judgments ANTI JOIN judged_now USING ({PAIR_KEY})
+            UNION ALL SELECT false, {SHARD_JUDGMENT_COLUMNS} FROM judged_now""")
+        if _count(connection, "judgment_delta") <= JUDGMENTS_DELTA_SHARE * base["rows"]:
+            return base, connection.table("judgment_delta")
+    file = f"v={uuid.uuid4().hex[:16]}/judgments.parquet"
+    written = store.write(folder / file, relation_batches(connection.table("shard_judgments"), tables.SHARD_JUDGMENTS))
+    return {"file": file, "rows": store.metadata(written).num_rows}, tables.SHARD_JUDGMENT_DELTA.empty_table()
+
+
 def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
     """The facts read with their vectors and the pairs made from them (`paired_now` on the
     connection): every unit's on the first run (or after a last output without its memo), the
@@ -582,8 +664,7 @@ def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
     _shard_view(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS, ["incoming_event_id", "fact_key"],
                 "selection_rows")
     connection.execute(EVENT_STATES_SQL)
-    for name, schema in (("judgments", tables.SHARD_JUDGMENTS), ("paired_events", tables.PAIRED_EVENTS),
-                         ("paired_units", tables.PAIRED_UNITS)):
+    for name, schema in (("paired_events", tables.PAIRED_EVENTS), ("paired_units", tables.PAIRED_UNITS)):
         (job.store.relation(connection, [job.previous[name]]) if name in job.previous
          else connection.from_arrow(schema.empty_table())).create_view(f"previous_{name}", replace=True)
     incremental = "paired_events" in job.previous
@@ -706,11 +787,10 @@ def invalidated_events(job: StageJob) -> StageResult:
     revisions; the judgments of every shard with the revisions' for audit, and their changes
     since the step's last version, which a publish applies instead of reloading them all."""
     store, connection = job.store, job.connection
-    shard_files = {table: [store.shard_path("judged_pairs", shard, table) for shard in job.shard_keys
-                           if store.is_file(store.shard_path("judged_pairs", shard, table))]
-                   for table in ("judgments", "retirements")}
-    winners = (store.relation(connection, shard_files["retirements"]).to_arrow_table().cast(tables.RETIREMENTS)
-               if shard_files["retirements"] else tables.RETIREMENTS.empty_table())
+    retirement_files = [path for shard in job.shard_keys for path in [store.shard_path("judged_pairs", shard, "retirements")]
+                        if store.is_file(path)]
+    winners = (store.relation(connection, retirement_files).to_arrow_table().cast(tables.RETIREMENTS)
+               if retirement_files else tables.RETIREMENTS.empty_table())
     revisions = _revisions(job)
     positions, listings, position_counts = _positions(job)
     wanted = pa.table({"event_id": pa.array(involved_events(winners, revisions.retired_events, positions), pa.string())})
@@ -721,9 +801,9 @@ def invalidated_events(job: StageJob) -> StageResult:
     invalidations = retirements(winners, revisions.retired_events, timing, positions)
     revision_judgments = tables.to_table(revisions.judgments, tables.INVALIDATION_JUDGMENTS)
     connection.register("revision_judgments", revision_judgments)
-    judged = (store.relation(connection, shard_files["judgments"]) if shard_files["judgments"]
-              else connection.from_arrow(tables.INVALIDATION_JUDGMENTS.empty_table()))
-    judged.create_view("shard_judgments", replace=True)
+    stack_judgments(store, connection, [shard for shard in job.shard_keys
+                                        if store.is_file(store.shard_path("judged_pairs", shard, "judgments"))],
+                    "shard_judgments", "invalidated_events")
     columns = ", ".join(tables.INVALIDATION_JUDGMENTS.names)
     judgments = connection.sql(f"SELECT {columns} FROM shard_judgments UNION ALL SELECT {columns} FROM revision_judgments")
     # each shard's judgments read: (version, size, modification time)
