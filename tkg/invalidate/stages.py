@@ -310,7 +310,7 @@ def candidate_ranks(job: StageJob) -> StageResult:
     states = dict(connection.execute("SELECT state, count(*) FROM block_states GROUP BY state").fetchall())
     return StageResult(tables.CANDIDATE_RANKS.empty_table(), rows=ranked,
                        tables={"ranked_members": ranked_members, "rank_changes": rank_changes,
-                               "rank_base": pa.table({"file": [base["file"]], "rows": [base["rows"]]}, schema=tables.SHARD_BASE),
+                               "rank_base": _base_table(base),
                                "candidate_ranks": changes},
                        counts=Counter({"facts": _count(connection, "fact_hashes"), "facts_read": facts.num_rows,
                                        "ranked": ranked, "blocks": sum(states.values()),
@@ -377,6 +377,11 @@ def _shard_base(store, asset: str, shard: str, table: str, base_table: str, read
         raise StageIncomplete(reader, None, f"shard {shard}'s {table.replace('_', ' ')} are half-written (its {base_table} "
                               f"and {table} files are of two runs); run {asset} again")
     return store.read(base).to_pylist()[0]
+
+
+def _base_table(base: dict) -> pa.Table:
+    """A shard's `*_base` table: the one row naming its base (tables.SHARD_BASE)."""
+    return pa.table({"file": [base["file"]], "rows": [base["rows"]]}, schema=tables.SHARD_BASE)
 
 
 def _ranks_written(store, connection: duckdb.DuckDBPyConnection, folder, shard: str, base: dict | None
@@ -550,7 +555,7 @@ def judged_pairs(job: StageJob) -> StageResult:
                       "facts_read": pair_facts.num_rows, "judgments_written_whole": int(base is not last_base)})
     return StageResult(retired, counts=counts, metadata={"judge": job.providers.judge.name}, tables={
         "judgments": delta,
-        "judgment_base": pa.table({"file": [base["file"]], "rows": [base["rows"]]}, schema=tables.SHARD_BASE),
+        "judgment_base": _base_table(base),
         "judgment_changes": _judgment_changes_since(job),
         "retirements": retired,
         "paired_events": connection.sql("SELECT event_id, fact_key, fact_hash, triplets_hash FROM event_states"),
