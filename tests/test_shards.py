@@ -511,6 +511,9 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert cold_report.counts["pairs_made_now"] == cold_report.counts["candidate_pairs"]
     assert 0 < report.counts["pairs_made_now"] < report.counts["candidate_pairs"]
     assert 0 < report.counts["units_paired_now"] < cold_report.counts["units_paired_now"]
+    # the units of shards 00 and 02 told from the selected rows written and deleted since the
+    # version each last read, not from every row's digest (shard 01 lost its record of that)
+    assert report.counts["units_told_by_changed_rows"] == 2 and cold_report.counts["units_told_by_changed_rows"] == 0
     # the ranks: the increment wrote each shard's changes on its base, the cold build every row
     assert report.counts["ranks_written_whole"] == 0 and cold_report.counts["ranks_written_whole"] == 3
     # the judgments too: the pairs judged or dropped written as changes on each shard's base
@@ -566,6 +569,7 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert again.counts["incoming_changed"] > 0
     assert again.counts["ranks_written_whole"] == cold_again.counts["ranks_written_whole"] == 0
     assert again.counts["judgments_written_whole"] == cold_again.counts["judgments_written_whole"] == 0
+    assert again.counts["units_told_by_changed_rows"] == cold_again.counts["units_told_by_changed_rows"] == 3
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert [name for name in built if not increment[name].equals(built[name])] == []
     assert _split_tables(home) == _split_tables(cold)
@@ -581,6 +585,8 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     back = finish_graph(_runtime(home, 3), publish_to=home / "tkg.duckdb")
     cold_back = finish_graph(_runtime(cold, 3))
     assert back.counts["incoming_changed"] > 0 and cold_back.counts["incoming_changed"] > 0
+    # the selection written whole again (a version come back): no shard can tell its units from changed rows
+    assert back.counts["units_told_by_changed_rows"] == cold_back.counts["units_told_by_changed_rows"] == 0
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert [name for name in built if not increment[name].equals(built[name])] == []
     assert _split_tables(home) == _split_tables(cold)

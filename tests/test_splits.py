@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from tkg.store.parquet import ParquetStore
-from tkg.store.splits import DELTA_SHARE, MAX_SEGMENTS, Replaced, Split, SplitRows, read_chains, shard_rows, write_splits
+from tkg.store.splits import (DELTA_SHARE, MAX_SEGMENTS, Replaced, Split, SplitRows, read_chains, shard_changes_since,
+                              shard_rows, write_splits)
 
 SHARDS = ["00", "01", "02"]
 SCHEMA = pa.schema([("event_id", pa.string()), ("dynamic", pa.bool_()), ("group", pa.int8()),
@@ -80,6 +81,52 @@ def test_a_chain_of_increments_reads_and_fingerprints_as_one_whole_write(tmp_pat
         previous, before_rows = version, len(rows)
     assert kinds[0] is False and sum(kinds) >= 20  # mostly deltas
     assert kinds.count(False) > len(kinds) // MAX_SEGMENTS + 1  # folded back into whole versions, not only when long
+
+
+def test_the_rows_changed_since_a_version_the_chain_stacks_are_read_from_the_later_segments(tmp_path):
+    """Against any earlier version its chain stacks, a version gives the rows written since
+    and the rows deleted since: every row it holds that the earlier one did not, and the
+    reverse (a row that left a shard and came back is in both, the same row). Against a version
+    it does not stack (the chain was folded in between), it cannot tell."""
+    random_ = random.Random(11)
+    rows = [_row(random_, number) for number in range(300)]
+    store, states, previous, columns = ParquetStore(tmp_path), {}, None, ["event_id", "dynamic", "group", "score"]
+    numbers = iter(range(300, 10**6))
+    for state in range(16):
+        for _ in range(random_.randrange(5, 40) if state else 0):
+            action = random_.random()
+            if action < 0.4:
+                rows.append(_row(random_, next(numbers)))
+            elif action < 0.6:
+                rows.pop(random_.randrange(len(rows)))
+            elif action < 0.8:
+                rows[random_.randrange(len(rows))]["score"] += 1.0
+            else:
+                rows[random_.randrange(len(rows))]["shard"] = random_.choice(SHARDS)
+        version = f"{state:02d}"
+        _write(store, version, rows, previous)
+        states[version] = {shard: {tuple(row[name] for name in columns) for row in rows if row["shard"] == shard}
+                           for shard in SHARDS}
+        previous = version
+    told = untold = 0
+    with duckdb.connect() as connection:
+        for version in states:
+            segments = read_chains(store, "step", version)["facts"].segments
+            for since in states:
+                if since > version:
+                    continue
+                for shard in SHARDS:
+                    changes = shard_changes_since(store, connection, "step", version, "facts", shard, since, columns)
+                    if since not in segments:
+                        assert changes is None
+                        untold += 1
+                        continue
+                    added, gone = ({tuple(row) for row in rows.fetchall()} if rows is not None else set() for rows in changes)
+                    now, then = states[version][shard], states[since][shard]
+                    assert added <= now and gone <= then
+                    assert added - gone == now - then and gone - added == then - now
+                    told += 1
+    assert told > 3 * len(states) * len(SHARDS) and untold > 0
 
 
 def test_a_delta_writes_only_what_changed(tmp_path):

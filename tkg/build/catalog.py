@@ -215,7 +215,7 @@ STAGES: tuple[Stage, ...] = (
         counters=("judge",),
         tables=(Table("judgments", tables.SHARD_JUDGMENT_DELTA), Table("judgment_base", tables.SHARD_BASE),
                 Table("paired_events", tables.PAIRED_EVENTS, memo=True),
-                Table("paired_units", tables.PAIRED_UNITS, memo=True),
+                Table("paired_units", tables.PAIRED_UNITS, memo=True), Table("versions_read", tables.SPLITS_READ, memo=True),
                 Table("judgment_changes", tables.JUDGMENT_CHANGES, memo=True), Table("retirements", tables.RETIREMENTS))),
     Stage(
         "invalidated_events", "invalidation",

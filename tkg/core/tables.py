@@ -190,6 +190,9 @@ SHARD_JUDGMENTS = pa.schema([*INVALIDATION_JUDGMENTS, ("fingerprint", pa.uint64(
 # A shard's judgments as stored: the changes since its base (tkg.invalidate.stages.stack_judgments),
 # a row per pair of the base that is gone (`gone`) and per pair judged since, as judged now.
 SHARD_JUDGMENT_DELTA = pa.schema([("gone", pa.bool_()), *SHARD_JUDGMENTS])
+# The version of each global step's split tables a shard step read: its next run reads the rows
+# changed since (tkg.store.splits.shard_changes_since) rather than every row.
+SPLITS_READ = pa.schema([("asset", pa.string()), ("version", pa.string())])
 # What a shard's judge pairs were made from, for its next run to tell which pairs to make again:
 # each fact it held, with the hash of its row in the facts split and of its canonical triplets
 # (the judge reads them; the pairing does not) ...

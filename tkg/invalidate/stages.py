@@ -71,7 +71,7 @@ from tkg.invalidate.revisions import READ_COLUMNS, FigureRevisions, revise_figur
 from tkg.store.manifest import scan, stamped_files
 from tkg.store.packs import packed, partition_rows
 from tkg.store.parquet import partition_of, relation_batches
-from tkg.store.splits import ROW_HASH, Replaced, SplitRows, shard_rows, version_rows
+from tkg.store.splits import ROW_HASH, Replaced, SplitRows, shard_changes_since, shard_rows, version_rows
 from tkg.store.warehouse import apply_model, model
 
 # Bump when the phases change how they split, rank, select or pair.
@@ -499,7 +499,9 @@ def judged_pairs(job: StageJob) -> StageResult:
     events of A and B (tkg.invalidate.candidates.pair_candidates). So against the shard's last
     output, a unit {A, B} is paired again only when those rows changed or an event of A or B
     did (`paired_units`, `paired_events`); the pairs of every other unit are kept, and only the
-    facts of the units paired again are read with their vectors.
+    facts of the units paired again are read with their vectors. The rows that changed are the
+    ones the selection wrote or deleted since the version the last output read (`versions_read`,
+    CHANGED_UNITS_SQL); when its chain was folded since, every row's unit digest tells.
 
     A verdict depends on its pair alone (the rule judge judges each pair by itself; the LLM
     judge asks for a primary's candidates at once but keeps each verdict per pair,
@@ -512,7 +514,7 @@ def judged_pairs(job: StageJob) -> StageResult:
     is the changes since the shard's base (`stack_judgments`)."""
     connection, store = job.connection, job.store
     base = _previous_judgments(job)
-    facts, paired = _pairs_made_now(job)
+    facts, paired, chained = _pairs_made_now(job)
     # the pairs to fingerprint: the ones made now, and the last output's that stand but whose events' triplets changed
     pair_columns = ", ".join(paired.schema.names)
     connection.execute(f"""CREATE TEMP TABLE shard_pairs AS SELECT {pair_columns} FROM paired_now
@@ -552,14 +554,17 @@ def judged_pairs(job: StageJob) -> StageResult:
     counts = Counter({"candidate_pairs": pairs, "judged_pairs": pairs, "true_verdicts": true_verdicts,
                       "pairs_kept": pairs - _count(connection, "judged_now"), "pairs_judged_now": judge_counts["judged_pairs"],
                       "pairs_made_now": paired.num_rows, "units_paired_now": _count(connection, "repaired_units"),
-                      "facts_read": pair_facts.num_rows, "judgments_written_whole": int(base is not last_base)})
+                      "facts_read": pair_facts.num_rows, "judgments_written_whole": int(base is not last_base),
+                      "units_told_by_changed_rows": int(chained)})
     return StageResult(retired, counts=counts, metadata={"judge": job.providers.judge.name}, tables={
         "judgments": delta,
         "judgment_base": _base_table(base),
         "judgment_changes": _judgment_changes_since(job),
         "retirements": retired,
         "paired_events": connection.sql("SELECT event_id, fact_key, fact_hash, triplets_hash FROM event_states"),
-        "paired_units": connection.sql("SELECT unit, digest FROM unit_states")})
+        "paired_units": connection.sql("SELECT unit, digest FROM paired_units_now"),
+        "versions_read": pa.table({"asset": list(job.versions), "version": list(job.versions.values())},
+                                  schema=tables.SPLITS_READ)})
 
 
 def _judgment_changes_since(job: StageJob) -> duckdb.DuckDBPyRelation:
@@ -658,11 +663,12 @@ def _judgments_written(job: StageJob, folder, base: dict | None) -> tuple[dict, 
     return {"file": file, "rows": store.metadata(written).num_rows}, tables.SHARD_JUDGMENT_DELTA.empty_table()
 
 
-def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
+def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table, bool]:
     """The facts read with their vectors and the pairs made from them (`paired_now` on the
     connection): every unit's on the first run (or after a last output without its memo), the
     repaired units' on the others; `touched_pairs`, the last output's pairs looked at again
-    (see judged_pairs)."""
+    (see judged_pairs); and whether the units were told from the selected rows that changed
+    (CHANGED_UNITS_SQL) rather than from every row's digest."""
     connection = job.connection
     _shard_view(job, "fact_blocks", "facts", tables.FACTS, ["event_id", "fact_key", "valid_at"], "fact_rows")
     _shard_view(job, "fact_blocks", "triplets", tables.RESOLVED_TRIPLETS, ["event_id"], "triplet_rows")
@@ -673,11 +679,19 @@ def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
         (job.store.relation(connection, [job.previous[name]]) if name in job.previous
          else connection.from_arrow(schema.empty_table())).create_view(f"previous_{name}", replace=True)
     incremental = "paired_events" in job.previous
+    chained = False
     if incremental:
         connection.execute(DIRTY_KEYS_SQL)
-    connection.execute(UNIT_STATES_SQL.replace("{touched}", TOUCHED_SQL if incremental else "true"))
+        chained = "paired_units" in job.previous and _selection_changes(job)
+    if chained:
+        connection.execute(CHANGED_UNITS_SQL)
+    else:
+        connection.execute(UNIT_STATES_SQL.replace("{touched}", TOUCHED_SQL if incremental else "true"))
+        connection.execute("CREATE TEMP VIEW paired_units_now AS SELECT unit, digest FROM unit_states")
+        if incremental:
+            connection.execute(REPAIRED_UNITS_SQL)
     if incremental:
-        connection.execute(REPAIRED_UNITS_SQL)
+        connection.execute(REPAIRED_ROWS_SQL)
         facts = _split(job, "fact_blocks", "facts", tables.FACTS, "SEMI JOIN repaired_keys USING (fact_key)")
         selected = _split(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS,
                           "SEMI JOIN repaired_selections USING (incoming_event_id, fact_key)")
@@ -689,7 +703,26 @@ def _pairs_made_now(job: StageJob) -> tuple[pa.Table, pa.Table]:
         selected = _split(job, "candidate_selection", "selected", tables.CANDIDATE_RANKS)
     paired = pair_candidates(facts, selected, policy.POLICY.min_cosine)
     connection.register("paired_now", paired)
-    return facts, paired
+    return facts, paired, chained
+
+
+def _selection_changes(job: StageJob) -> bool:
+    """Views `selection_added` and `selection_gone`: the shard's selected rows written and
+    deleted since the version its last output read (`versions_read`); False when that cannot
+    be told (no such record, or a selection written whole since)."""
+    if "versions_read" not in job.previous:
+        return False
+    since = {row["asset"]: row["version"] for row in job.store.read(job.previous["versions_read"]).to_pylist()
+             }.get("candidate_selection")
+    changes = None if since is None else shard_changes_since(
+        job.store, job.connection, "candidate_selection", job.versions["candidate_selection"], "selected", job.shard, since,
+        ["incoming_event_id", "fact_key"])
+    if changes is None:
+        return False
+    empty = pa.schema([tables.CANDIDATE_RANKS.field("incoming_event_id"), tables.CANDIDATE_RANKS.field("fact_key")]).empty_table()
+    for name, rows in zip(("selection_added", "selection_gone"), changes):
+        (rows if rows is not None else job.connection.from_arrow(empty)).create_view(name, replace=True)
+    return True
 
 
 def _shard_view(job: StageJob, asset: str, table: str, schema: pa.Schema, columns: list[str], name: str) -> None:
@@ -741,7 +774,44 @@ REPAIRED_UNITS_SQL = """
     CREATE TEMP TABLE repaired_units AS
     SELECT unit FROM unit_states WHERE touched UNION SELECT unit FROM unit_changes WHERE now;
     CREATE TEMP TABLE dirty_units AS
-    SELECT unit FROM repaired_units UNION SELECT unit FROM unit_changes WHERE NOT now;
+    SELECT unit FROM repaired_units UNION SELECT unit FROM unit_changes WHERE NOT now"""
+# The same units told from the rows that changed rather than from every row's digest, when the
+# shard's last output says which version of the selection it read (`_selection_changes`): a
+# unit's digest changes only when a row joins or leaves it, and a row does so only when the
+# selection wrote or deleted it since (`selection_added`, `selection_gone`) or when it links a
+# dirty key (its incoming fact's key changed, came or left, or its candidate's did). Those rows'
+# units, by their incoming fact's key now and as last paired, are dirty; the ones that have
+# rows now are paired again, with their digests counted from every row they have now. Every
+# other unit keeps its digest (`paired_units_now`).
+CHANGED_UNITS_SQL = f"""
+    CREATE TEMP TABLE changed_events AS
+    SELECT event_id FROM event_states SEMI JOIN dirty_keys USING (fact_key)
+    UNION SELECT event_id FROM previous_paired_events SEMI JOIN dirty_keys USING (fact_key);
+    CREATE TEMP TABLE moved_rows AS
+    SELECT incoming_event_id, fact_key FROM selection_added
+    UNION ALL SELECT incoming_event_id, fact_key FROM selection_gone
+    UNION ALL SELECT incoming_event_id, fact_key FROM selection_rows
+        WHERE fact_key IN (SELECT fact_key FROM dirty_keys) OR incoming_event_id IN (SELECT event_id FROM changed_events);
+    CREATE TEMP TABLE dirty_unit_keys AS
+    SELECT DISTINCT {UNIT_SQL.format(a="e.fact_key", b="m.fact_key")} AS unit, e.fact_key AS a, m.fact_key AS b
+    FROM moved_rows m JOIN (SELECT event_id, fact_key FROM event_states
+                            UNION SELECT event_id, fact_key FROM previous_paired_events) e ON e.event_id = m.incoming_event_id;
+    CREATE TEMP TABLE dirty_units AS SELECT DISTINCT unit FROM dirty_unit_keys;
+    CREATE TEMP TABLE selection_units AS
+    WITH unit_keys AS (SELECT a AS fact_key FROM dirty_unit_keys UNION SELECT b FROM dirty_unit_keys)
+    SELECT * FROM (
+        SELECT s.incoming_event_id, s.fact_key, {UNIT_SQL.format(a="e.fact_key", b="s.fact_key")} AS unit, s.{ROW_HASH} AS row_hash
+        FROM (SELECT * FROM selection_rows SEMI JOIN unit_keys USING (fact_key)) s
+        JOIN (SELECT event_id, fact_key FROM event_states SEMI JOIN unit_keys USING (fact_key)) e
+            ON e.event_id = s.incoming_event_id)
+    SEMI JOIN dirty_units USING (unit);
+    CREATE TEMP TABLE unit_states AS SELECT unit, hash(count(*), sum(row_hash)) AS digest FROM selection_units GROUP BY unit;
+    CREATE TEMP TABLE repaired_units AS SELECT unit FROM unit_states;
+    CREATE TEMP VIEW paired_units_now AS
+    SELECT unit, digest FROM previous_paired_units ANTI JOIN dirty_units USING (unit)
+    UNION ALL SELECT unit, digest FROM unit_states"""
+# The selected rows of the units paired again, and the facts that pair them.
+REPAIRED_ROWS_SQL = """
     CREATE TEMP TABLE repaired_selections AS
     SELECT incoming_event_id, fact_key FROM selection_units SEMI JOIN repaired_units USING (unit);
     CREATE TEMP TABLE repaired_keys AS

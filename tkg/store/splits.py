@@ -187,6 +187,49 @@ def shard_rows(store: ParquetStore, connection: Any, asset: str, version: str, t
     return connection.sql(" UNION ALL ".join(parts))
 
 
+def shard_changes_since(store: ParquetStore, connection: Any, asset: str, version: str, table: str, shard: str,
+                        since: str, columns: list[str]) -> tuple[Any | None, Any | None] | None:
+    """One shard's rows of a split table that changed between two versions of its chain, as
+    DuckDB relations over `columns` (None for no rows): the rows `version` holds that `since`
+    did not (written by the segments after `since`), and the rows `since` held that `version`
+    does not (deleted by those segments). None when `version` does not stack on `since` (its
+    chain was folded since, or `since` is not of it): then only every row tells."""
+    segments = _segments(store, asset, version, table)
+    if since not in segments:
+        return None
+    start = segments.index(since) + 1
+    view = f"_since_{table}_{shard}"
+
+    def files(segment: str, name: str) -> list[PurePath]:
+        return store.split_files(asset, segment, name, shard)
+
+    def deletions(name: str, later: tuple[str, ...]) -> str | None:
+        """View `name` of the rows `later` segments deleted (None when they deleted none)."""
+        deleted = [path for segment in later for path in files(segment, table + DELETED)]
+        if not deleted:
+            return None
+        store.relation(connection, deleted).create_view(name, replace=True)
+        return name
+
+    added, gone = [], []
+    for number, segment in enumerate(segments):
+        rows = files(segment, table)
+        if not rows:
+            continue
+        store.relation(connection, rows).create_view(f"{view}_{number}", replace=True)
+        select = f"SELECT {_quoted(columns)} FROM {view}_{number}"
+        if number >= start:  # written since: the rows no later segment deleted
+            later = deletions(f"{view}_{number}_later", segments[number + 1:])
+            added.append(select + (f" ANTI JOIN {later} USING ({IDENTITY})" if later else ""))
+            continue
+        deleted_since = deletions(f"{view}_{number}_since", segments[start:])
+        if deleted_since:  # held by `since` (no segment up to it deleted them) and deleted after it
+            before = deletions(f"{view}_{number}_before", segments[number + 1:start])
+            gone.append(select + (f" ANTI JOIN {before} USING ({IDENTITY})" if before else "")
+                        + f" SEMI JOIN {deleted_since} USING ({IDENTITY})")
+    return tuple(connection.sql(" UNION ALL ".join(parts)) if parts else None for parts in (added, gone))
+
+
 def version_rows(store: ParquetStore, connection: Any, asset: str, version: str, table: str, shard_keys: list[str],
                  columns: list[str], name: str) -> str | None:
     """Every shard's rows of a split table over `columns`, with their `shard`: the name of a
