@@ -163,28 +163,49 @@ def shard_files(store: ParquetStore, asset: str, version: str, table: str, shard
             for path in store.split_files(asset, segment, name, shard)]
 
 
+def _deleted(store: ParquetStore, connection: Any, asset: str, table: str, shard: str, segments: tuple[str, ...],
+             name: str) -> str | None:
+    """View `name` of the identities of the shard's rows that `segments` deleted, or None when
+    they deleted none."""
+    deleted = [path for segment in segments for path in store.split_files(asset, segment, table + DELETED, shard)]
+    if not deleted:
+        return None
+    store.relation(connection, deleted).create_view(name, replace=True)
+    return name
+
+
+def _segment_rows(store: ParquetStore, connection: Any, asset: str, table: str, shard: str, segments: tuple[str, ...],
+                  number: int, columns: list[str], view: str) -> str | None:
+    """A query of the shard's rows segment `number` wrote (view `<view>_<number>`), over
+    `columns`; None when it wrote none."""
+    files = store.split_files(asset, segments[number], table, shard)
+    if not files:
+        return None
+    store.relation(connection, files).create_view(f"{view}_{number}", replace=True)
+    return f"SELECT {_quoted(columns)} FROM {view}_{number}"
+
+
+def _standing(store: ParquetStore, connection: Any, asset: str, table: str, shard: str, segments: tuple[str, ...],
+              first: int, columns: list[str], view: str) -> list[str]:
+    """Queries of the shard's rows each of `segments[first:]` wrote that no later segment
+    deleted, over `columns`."""
+    parts = []
+    for number in range(first, len(segments)):
+        select = _segment_rows(store, connection, asset, table, shard, segments, number, columns, view)
+        if select is None:
+            continue
+        later = _deleted(store, connection, asset, table, shard, segments[number + 1:], f"{view}_{number}_deleted")
+        parts.append(select + (f" ANTI JOIN {later} USING ({IDENTITY})" if later else ""))
+    return parts
+
+
 def shard_rows(store: ParquetStore, connection: Any, asset: str, version: str, table: str, shard: str,
                columns: list[str]) -> Any | None:
     """One shard's rows of a split table (a DuckDB relation over `columns`, in no set order:
     the shard steps sort what they compare), or None when the shard has none."""
     segments = _segments(store, asset, version, table)
-    parts = []
-    view = f"_split_{table}_{shard}"
-    for number, segment in enumerate(segments):
-        files = store.split_files(asset, segment, table, shard)
-        if not files:
-            continue
-        store.relation(connection, files).create_view(f"{view}_{number}", replace=True)
-        select = f"SELECT {_quoted(columns)} FROM {view}_{number}"
-        deleted = [path for later in segments[number + 1:]
-                   for path in store.split_files(asset, later, table + DELETED, shard)]
-        if deleted:
-            store.relation(connection, deleted).create_view(f"{view}_{number}_deleted", replace=True)
-            select += f" ANTI JOIN {view}_{number}_deleted USING ({IDENTITY})"
-        parts.append(select)
-    if not parts:
-        return None
-    return connection.sql(" UNION ALL ".join(parts))
+    parts = _standing(store, connection, asset, table, shard, segments, 0, columns, f"_split_{table}_{shard}")
+    return connection.sql(" UNION ALL ".join(parts)) if parts else None
 
 
 def shard_changes_since(store: ParquetStore, connection: Any, asset: str, version: str, table: str, shard: str,
@@ -199,32 +220,15 @@ def shard_changes_since(store: ParquetStore, connection: Any, asset: str, versio
         return None
     start = segments.index(since) + 1
     view = f"_since_{table}_{shard}"
-
-    def files(segment: str, name: str) -> list[PurePath]:
-        return store.split_files(asset, segment, name, shard)
-
-    def deletions(name: str, later: tuple[str, ...]) -> str | None:
-        """View `name` of the rows `later` segments deleted (None when they deleted none)."""
-        deleted = [path for segment in later for path in files(segment, table + DELETED)]
-        if not deleted:
-            return None
-        store.relation(connection, deleted).create_view(name, replace=True)
-        return name
-
-    added, gone = [], []
-    for number, segment in enumerate(segments):
-        rows = files(segment, table)
-        if not rows:
-            continue
-        store.relation(connection, rows).create_view(f"{view}_{number}", replace=True)
-        select = f"SELECT {_quoted(columns)} FROM {view}_{number}"
-        if number >= start:  # written since: the rows no later segment deleted
-            later = deletions(f"{view}_{number}_later", segments[number + 1:])
-            added.append(select + (f" ANTI JOIN {later} USING ({IDENTITY})" if later else ""))
-            continue
-        deleted_since = deletions(f"{view}_{number}_since", segments[start:])
-        if deleted_since:  # held by `since` (no segment up to it deleted them) and deleted after it
-            before = deletions(f"{view}_{number}_before", segments[number + 1:start])
+    added = _standing(store, connection, asset, table, shard, segments, start, columns, view)
+    gone = []
+    deleted_since = _deleted(store, connection, asset, table, shard, segments[start:], f"{view}_deleted_since")
+    if deleted_since is not None:  # the rows `since` held (no segment up to it deleted them) that were deleted after it
+        for number in range(start):
+            select = _segment_rows(store, connection, asset, table, shard, segments, number, columns, view)
+            if select is None:
+                continue
+            before = _deleted(store, connection, asset, table, shard, segments[number + 1:start], f"{view}_{number}_before")
             gone.append(select + (f" ANTI JOIN {before} USING ({IDENTITY})" if before else "")
                         + f" SEMI JOIN {deleted_since} USING ({IDENTITY})")
     return tuple(connection.sql(" UNION ALL ".join(parts)) if parts else None for parts in (added, gone))
