@@ -222,7 +222,9 @@ STAGES: tuple[Stage, ...] = (
         "The bi-temporal history: which DYNAMIC facts a later fact retired, when (invalid_at), when that became known "
         "(expired_at) and by which event (invalidated_by), and which guidance figures a later call revised. The "
         "earliest retirement over every shard wins, so the result depends on the set of events only, never on the "
-        "order partitions arrived in or on the number of shards. Every judgment and its reason is kept for audit. "
+        "order partitions arrived in or on the number of shards. Only the guidance figures a changed figure may retire "
+        "differently are revised again; the others keep their retirement from the last output. Every judgment and its "
+        "reason is kept for audit. "
         "The participants lists end positions too (one firm at a time, a later title replaces the earlier one, "
         "single-holder offices, and absence for the call's host, labelled end_evidence 'absence').",
         code_version=lambda f: f"{f.judge}:{POSITIONS_VERSION}:{f.policy}", compute=invalidate.invalidated_events,
@@ -231,6 +233,7 @@ STAGES: tuple[Stage, ...] = (
                 Table("judgment_changes", tables.JUDGMENT_CHANGES, memo=True, published=False),
                 Table("judgments_read", tables.JUDGMENTS_READ, memo=True, published=False),
                 Table("revision_judgments", tables.INVALIDATION_JUDGMENTS, memo=True, published=False),
+                Table("revision_figures", tables.REVISION_FIGURES, memo=True, published=False),
                 Table("figure_invalidations", tables.FIGURE_INVALIDATIONS),
                 Table("position_listings", tables.POSITION_LISTINGS),
                 Table("event_invalidations", tables.EVENT_INVALIDATIONS))),

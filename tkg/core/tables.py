@@ -190,6 +190,13 @@ SHARD_JUDGMENTS = pa.schema([*INVALIDATION_JUDGMENTS, ("fingerprint", pa.uint64(
 # A shard's judgments as stored: the changes since its base (tkg.invalidate.stages.stack_judgments),
 # a row per pair of the base that is gone (`gone`) and per pair judged since, as judged now.
 SHARD_JUDGMENT_DELTA = pa.schema([("gone", pa.bool_()), *SHARD_JUDGMENTS])
+# The figure revisions' memo (tkg.invalidate.revising): each figure as last read (a hash of what
+# the revisions read of it, its company, a hash of its guidance key, its time) and, for a retired
+# guidance figure, when that was settled: revised_at by a later figure of its key, closed_at by
+# its period's results.
+REVISION_FIGURES = pa.schema([("figure_id", pa.string()), ("row_hash", pa.uint64()), ("company", pa.string()),
+                              ("key_hash", pa.uint64()), ("stated_at", TIMESTAMP), ("revised_at", TIMESTAMP),
+                              ("closed_at", TIMESTAMP)])
 # The version of each global step's split tables a shard step read: its next run reads the rows
 # changed since (tkg.store.splits.shard_changes_since) rather than every row.
 SPLITS_READ = pa.schema([("asset", pa.string()), ("version", pa.string())])

@@ -61,6 +61,9 @@ class FigureRevisions:
     figure_invalidations: pa.Table
     judgments: list[dict]  # rows of tables.INVALIDATION_JUDGMENTS
     retired_events: dict[str, tuple[datetime, str]]  # event -> (invalid_at, invalidated_by): every figure retired
+    # the guidance figures closed (their period's results came, `_closer`) rather than revised or
+    # reported (a later figure of their own key, `_retirer`)
+    closed: frozenset[str] = frozenset()
 
 
 def _in_time(row: dict) -> tuple:
@@ -116,7 +119,7 @@ def _period_end(fiscal_year_end_month: int | None, fiscal_year: int, fiscal_quar
     return _micros(datetime(after.year, after.month, after.day, tzinfo=timezone.utc))
 
 
-def _year_end_month(company_ticker: str) -> int | None:
+def year_end_month(company_ticker: str) -> int | None:
     try:
         return get_company(company_ticker).fiscal_year_end_month
     except KeyError:
@@ -150,8 +153,13 @@ READ_COLUMNS = ("figure_id", "event_id", "company", "stated_at", "metric", "segm
                 "fiscal_quarter", "value", "low", "high", "unit")
 
 
-def revise_figures(figures: pa.Table) -> FigureRevisions:
-    """Retire every guidance figure a later call revised or reported (see the module docstring)."""
+def revise_figures(figures: pa.Table, only: frozenset[str] | None = None) -> FigureRevisions:
+    """Retire every guidance figure a later call revised or reported (see the module docstring).
+
+    With `only`, the retirements of those guidance figures alone, and no retired events (they
+    need every figure of an event): `figures` then needs to hold, for each of them, the figures
+    of its key, the reported figures of its period and the first figure of each of its
+    company's calls (tkg.invalidate.revising)."""
     by_period: dict[tuple, list[dict]] = defaultdict(list)
     read = figures.select(list(READ_COLUMNS))
     at = read.schema.get_field_index("stated_at")
@@ -169,7 +177,7 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
     for (company, stated_at), row in sorted(first_of_call.items(), key=lambda item: (item[0][0], item[0][1])):
         calls_of[company][0].append(stated_at)
         calls_of[company][1].append(row)
-    invalidations, judgments = [], []
+    invalidations, judgments, closed = [], [], set()
     retired: dict[str, dict] = {}
     year_ends: dict[str, int | None] = {}  # each company's, from the registry once
     ends: dict[tuple, int | None] = {}  # each period's end, once for its guidance figures
@@ -177,7 +185,7 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
         group.sort(key=_in_time)
         times = [row["stated_at"] for row in group]
         for row in group:
-            if row["kind"] != "guidance":
+            if row["kind"] != "guidance" or (only is not None and row["figure_id"] not in only):
                 continue
             found = _retirer(row, group[bisect_right(times, row["stated_at"]):])
             if found is None:
@@ -185,9 +193,11 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
                 period = (company, row["fiscal_year"], row["fiscal_quarter"])
                 if period not in ends:
                     if company not in year_ends:
-                        year_ends[company] = _year_end_month(company)
+                        year_ends[company] = year_end_month(company)
                     ends[period] = _period_end(year_ends[company], row["fiscal_year"], row["fiscal_quarter"])
                 found = _closer(row, reported_by_period, calls_of[company], ends[period])
+                if found is not None:
+                    closed.add(row["figure_id"])
             if found is None:
                 continue
             winner, reason = found
@@ -200,7 +210,7 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
                               "reason": reason, "judge": policy.POLICY.figure_judge, "cosine": None, "shared_entity_id": None,
                               "predicate_group": None})
     by_event: dict[str, list[str]] = defaultdict(list)
-    for row in rows:
+    for row in rows if only is None else ():
         by_event[row["event_id"]].append(row["figure_id"])
     retired_events = {}
     for event_id, figure_ids in by_event.items():
@@ -209,5 +219,6 @@ def revise_figures(figures: pa.Table) -> FigureRevisions:
             retired_events[event_id] = (last["invalid_at"], last["invalidated_by"])
     invalidations.sort(key=lambda r: r["figure_id"])
     judgments.sort(key=lambda r: (r["primary_event_id"], r["secondary_event_id"], r["reason"]))
-    return FigureRevisions(tables.to_table(invalidations, tables.FIGURE_INVALIDATIONS), judgments, retired_events)
+    return FigureRevisions(tables.to_table(invalidations, tables.FIGURE_INVALIDATIONS), judgments, retired_events,
+                           frozenset(closed))
 

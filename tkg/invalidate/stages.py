@@ -18,7 +18,9 @@ once per shard, on that shard's rows alone (one process, its memory bounded by i
                                 paired again, and only the pairs whose events changed are judged;
                                 stored as a base and the changes since it (`stack_judgments`)
     invalidated_events (global) retire: the earliest retirer over every shard (the exact merge
-                                of a primary judged in several shards), and figure revisions
+                                of a primary judged in several shards), and figure revisions;
+                                only the guidance a changed figure may retire differently is
+                                revised again (tkg.invalidate.revising)
 
 Set work (joins, blocking, the merges) runs as DuckDB SQL that spills to disk past the step's
 memory (TKG_STEP_MEMORY); embeddings are read only by the shard steps, for the facts they
@@ -67,7 +69,8 @@ from tkg.invalidate.positions import (
     listings_from_rows,
 )
 from tkg.invalidate.retention import retention_settings, score_facts
-from tkg.invalidate.revisions import READ_COLUMNS, FigureRevisions, revise_figures
+from tkg.invalidate.revising import RevisedFigures, revise_since
+from tkg.invalidate.revisions import READ_COLUMNS
 from tkg.store.manifest import scan, stamped_files
 from tkg.store.packs import packed, partition_rows
 from tkg.store.parquet import partition_of, relation_batches
@@ -874,7 +877,7 @@ def invalidated_events(job: StageJob) -> StageResult:
                    .join(connection.table("wanted_events"), "event_id").to_arrow_table().to_pylist())
     timing = {row["event_id"]: row for row in timing_rows}
     invalidations = retirements(winners, revisions.retired_events, timing, positions)
-    revision_judgments = tables.to_table(revisions.judgments, tables.INVALIDATION_JUDGMENTS)
+    revision_judgments = revisions.judgments
     connection.register("revision_judgments", revision_judgments)
     stack_judgments(store, connection, [shard for shard in job.shard_keys
                                         if store.is_file(store.shard_path("judged_pairs", shard, "judgments"))],
@@ -889,6 +892,7 @@ def invalidated_events(job: StageJob) -> StageResult:
     counts = Counter({"retired_by_judge": winners.num_rows, "invalidated_events": invalidations.num_rows,
                       "revised_figures": revisions.figure_invalidations.num_rows,
                       "events_retired_by_figures": len(revisions.retired_events),
+                      "figures_revised_again": revisions.revised_again,
                       "judgments_changed": connection.execute("SELECT count(gone) FROM changed_judgments").fetchall()[0][0],
                       **position_counts})
     return StageResult(invalidations, counts=counts, tables={
@@ -896,7 +900,8 @@ def invalidated_events(job: StageJob) -> StageResult:
         "judgments_read": pa.Table.from_pylist([{"shard": shard, "version": version, "size": size, "mtime_ns": mtime}
                                                 for shard, (version, size, mtime) in sorted(read.items())],
                                                schema=tables.JUDGMENTS_READ),
-        "revision_judgments": revision_judgments, "figure_invalidations": revisions.figure_invalidations,
+        "revision_judgments": revision_judgments, "revision_figures": revisions.memo,
+        "figure_invalidations": revisions.figure_invalidations,
         "event_invalidations": invalidations, "position_listings": listing_table(listings)})
 
 
@@ -972,30 +977,18 @@ def _positions(job: StageJob) -> tuple[dict[str, PositionEnd], list[Listing], di
                   "positions_ended_by_absence": sum(end.evidence == ABSENCE for end in ends.values())}
 
 
-def _revisions(job: StageJob) -> FigureRevisions:
-    """Figure revisions (tkg.invalidate.revisions) company by company: guidance is keyed by its
-    company, so each company's figures are revised on their own, a company's at a time in memory."""
-    files = job.store.partition_files("figures")
-    if not files:
-        return revise_figures(tables.FIGURES.empty_table())
-    read = pa.schema([tables.FIGURES.field(name) for name in READ_COLUMNS])  # the columns the revisions read
-    figures = packed(job.store, job.connection, files).select(*READ_COLUMNS).order("company").to_arrow_table().cast(read)
-    if figures.num_rows == 0:  # files with no rows (a partial LLM build, calls with no figure)
-        return revise_figures(figures)
-    companies = figures.column("company")
-    invalidations, judgments, retired = [], [], {}
-    start = 0
-    values = companies.to_pylist()
-    for end in range(1, len(values) + 1):
-        if end == len(values) or values[end] != values[start]:
-            part = revise_figures(figures.slice(start, end - start))
-            invalidations.append(part.figure_invalidations)
-            judgments.extend(part.judgments)
-            retired.update(part.retired_events)
-            start = end
-    merged = pa.concat_tables(invalidations).sort_by("figure_id")
-    judgments.sort(key=lambda r: (r["primary_event_id"], r["secondary_event_id"], r["reason"]))
-    return FigureRevisions(merged, judgments, retired)
+def _revisions(job: StageJob) -> RevisedFigures:
+    """Figure revisions (tkg.invalidate.revisions) against the step's last output: only the
+    guidance a changed figure may retire differently is revised again (tkg.invalidate.revising)."""
+    store, connection, previous = job.store, job.connection, job.previous
+    files = store.partition_files("figures")
+    figures = (packed(store, connection, files).select(*READ_COLUMNS) if files
+               else connection.from_arrow(pa.schema([tables.FIGURES.field(name) for name in READ_COLUMNS]).empty_table()))
+    last = None
+    if all(name in previous for name in ("figure_invalidations", "revision_figures")):
+        last = (store.relation(connection, [previous["figure_invalidations"]]),
+                store.relation(connection, [previous["revision_figures"]]))
+    return revise_since(connection, figures, last)
 
 
 def fact_relevance(job: StageJob) -> StageResult:
