@@ -81,8 +81,9 @@ def digests(store: Path, shards: int, step: str) -> dict[str, object]:
     stage, folder, parquet = catalog.stage(step), store / "parquet" / step, ParquetStore(store)
     stacked = {"candidate_ranks": ("rank_base", stack_ranks, tables.CANDIDATE_RANKS),
                "judgments": ("judgment_base", stack_judgments, tables.SHARD_JUDGMENTS)}
-    # left out: the bases (files named by run), and the versions a shard read (named by code version)
-    bases = {base for base, _, _ in stacked.values()} | {"versions_read"}
+    # left out: the bases (files named by run), the versions a shard read (named by code version),
+    # and the figure revisions' memo (which a tree before session 64 neither writes nor removes)
+    bases = {base for base, _, _ in stacked.values()} | {"versions_read", "revision_figures"}
     with duckdb.connect() as connection:
 
         def rows(path: Path):
