@@ -546,6 +546,12 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert report.counts["split_written_as_delta"] == 2 and cold_report.counts["split_written_as_delta"] == 0
     assert 0 < report.counts["split_rows_written"] < cold_report.counts["split_rows_written"] / 4
     assert _split_tables(home) == _split_tables(cold)
+    # the figure revisions: only the guidance the quarter's figures (and the withdrawn call's)
+    # may retire differently revised again, with the memo a cold build writes
+    assert 0 < report.counts["figures_revised_again"] < cold_report.counts["figures_revised_again"]
+    memos = [ParquetStore(root).read(root / "parquet" / "invalidated_events" / "revision_figures.parquet")
+             .replace_schema_metadata(None) for root in (home, cold)]
+    assert memos[0].num_rows > 0 and memos[0].equals(memos[1])
     # the published judgments: the changes since the last publish applied (the pairs judged
     # again gone and new, the revisions' too), equal to a fresh publish of the same store
     applied = re.fullmatch(r"([\d,]+) row\(s\) deleted, ([\d,]+) inserted", report.publish.tables["invalidation_judgments"])

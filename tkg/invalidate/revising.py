@@ -16,7 +16,8 @@ Every other guidance figure keeps its retirement from the last output, which the
 again from the figures that decide them alone: those of their keys, the reported figures of
 their periods and the first figure of each of their companies' calls. The result is the same
 as revising every figure, whatever the order partitions came in; with no last output every
-guidance figure is revised.
+guidance figure is revised. A change of the rules bumps the policy's `figure_judge`, part of
+the step's code version: the last output is then not trusted, and every figure is revised.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import duckdb
 import pyarrow as pa
 
 from tkg.core import policy, tables
-from tkg.invalidate.revisions import READ_COLUMNS, year_end_month, revise_figures
+from tkg.invalidate.revisions import READ_COLUMNS, revise_figures, year_end_month
 
 
 @dataclass
