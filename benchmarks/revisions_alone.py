@@ -39,7 +39,7 @@ import bench_scale  # noqa: E402  (the benchmarks folder is not a package)
 
 from tkg.core import tables  # noqa: E402
 from tkg.invalidate.revising import revise_since  # noqa: E402
-from tkg.invalidate.revisions import READ_COLUMNS, revise_figures  # noqa: E402
+from tkg.invalidate.revisions import READ_COLUMNS, READ_SCHEMA, company_slices, revise_figures  # noqa: E402
 from tkg.store.packs import packed  # noqa: E402
 from tkg.store.parquet import ParquetStore  # noqa: E402
 
@@ -56,17 +56,13 @@ def _connection() -> duckdb.DuckDBPyConnection:
 def whole(store: ParquetStore, files: list) -> tuple[pa.Table, pa.Table, dict]:
     """Every figure revised, a company at a time (the step before session 64)."""
     connection = _connection()
-    read = pa.schema([tables.FIGURES.field(name) for name in READ_COLUMNS])
-    figures = packed(store, connection, files).select(*READ_COLUMNS).order("company").to_arrow_table().cast(read)
-    companies = figures.column("company").to_pylist()
-    invalidations, judgments, retired, start = [], [], {}, 0
-    for end in range(1, len(companies) + 1):
-        if end == len(companies) or companies[end] != companies[start]:
-            part = revise_figures(figures.slice(start, end - start))
-            invalidations.append(part.figure_invalidations)
-            judgments.extend(part.judgments)
-            retired.update(part.retired_events)
-            start = end
+    figures = packed(store, connection, files).select(*READ_COLUMNS).order("company").to_arrow_table().cast(READ_SCHEMA)
+    invalidations, judgments, retired = [], [], {}
+    for company in company_slices(figures):
+        part = revise_figures(company)
+        invalidations.append(part.figure_invalidations)
+        judgments.extend(part.judgments)
+        retired.update(part.retired_events)
     judgments.sort(key=lambda r: (r["primary_event_id"], r["secondary_event_id"], r["reason"]))
     return (pa.concat_tables(invalidations).sort_by("figure_id"), tables.to_table(judgments, tables.INVALIDATION_JUDGMENTS),
             retired)

@@ -1,5 +1,5 @@
 """Figure revisions against their last output (tkg.invalidate.revising): after any change to the
-figures (a new quarter, a backfilled one, a call rebuilt with other figures, a call removed),
+figures (a new quarter, a call rebuilt with other figures, a call removed, a value changed),
 revising only the guidance a changed figure may retire differently gives what revising every
 figure gives, and a new quarter revises less than all the guidance."""
 
@@ -94,7 +94,7 @@ def test_revising_against_the_last_output_gives_what_revising_every_figure_gives
     # nothing changed: nothing is revised again
     assert _check(rows_of(state), quarter).revised_again == 0
 
-    # a call of the middle rebuilt with other figures, another removed, the last quarter backfilled
+    # a call of the middle rebuilt with other figures, another removed, the last quarter added
     # for every company, and a figure read differently (another value)
     middle = sorted(state)[len(state) // 2]
     state[middle] = _call(rng, *middle, 1)

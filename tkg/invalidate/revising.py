@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 
 from tkg.core import policy, tables
-from tkg.invalidate.revisions import READ_COLUMNS, revise_figures, year_end_month
+from tkg.invalidate.revisions import READ_COLUMNS, company_slices, revise_figures, year_end_month
 
 
 @dataclass
@@ -132,7 +132,7 @@ def revise_since(connection: duckdb.DuckDBPyConnection, figures: duckdb.DuckDBPy
     revised = _revise_by_company(connection.sql(DECIDING_FIGURES_SQL).to_arrow_table(), dirty)
     connection.register("revised_now", revised)
     connection.execute(f"CREATE OR REPLACE TEMP TABLE figure_retirements AS SELECT * FROM ({KEPT_SQL}) "
-                       "UNION ALL SELECT * FROM revised_now ORDER BY figure_id")
+                       "UNION ALL SELECT * FROM revised_now")
     invalidations = connection.sql(f"SELECT {', '.join(tables.FIGURE_INVALIDATIONS.names)} FROM figure_retirements "
                                    "ORDER BY figure_id").to_arrow_table().cast(tables.FIGURE_INVALIDATIONS)
     judgments = connection.sql(JUDGMENTS_SQL, params={"judge": policy.POLICY.figure_judge}).to_arrow_table()
@@ -143,16 +143,11 @@ def revise_since(connection: duckdb.DuckDBPyConnection, figures: duckdb.DuckDBPy
 
 
 def _revise_by_company(figures: pa.Table, only: frozenset[str]) -> pa.Table:
-    """The invalidations of the guidance figures `only`, with whether each was closed, company by
-    company (`figures` is ordered by company): each company's figures are revised on their own,
-    a company's at a time in memory."""
+    """The invalidations of the guidance figures `only`, with whether each was closed, a company
+    at a time (`figures` is ordered by company)."""
     parts = [tables.FIGURE_INVALIDATIONS.empty_table().append_column("closed", pa.array([], pa.bool_()))]
-    values = figures.column("company").to_pylist()
-    start = 0
-    for end in range(1, len(values) + 1):
-        if end == len(values) or values[end] != values[start]:
-            part = revise_figures(figures.slice(start, end - start), only)
-            closed = [figure_id in part.closed for figure_id in part.figure_invalidations.column("figure_id").to_pylist()]
-            parts.append(part.figure_invalidations.append_column("closed", pa.array(closed, pa.bool_())))
-            start = end
+    for company in company_slices(figures):
+        part = revise_figures(company, only)
+        closed = [figure_id in part.closed for figure_id in part.figure_invalidations.column("figure_id").to_pylist()]
+        parts.append(part.figure_invalidations.append_column("closed", pa.array(closed, pa.bool_())))
     return pa.concat_tables(parts)

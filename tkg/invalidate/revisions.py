@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import groupby
@@ -151,6 +152,18 @@ def _closer(guidance: dict, reported_by_period: dict[tuple, list[dict]], calls: 
 # The columns of a figure the revisions read (its text and call are not).
 READ_COLUMNS = ("figure_id", "event_id", "company", "stated_at", "metric", "segment", "basis", "kind", "fiscal_year",
                 "fiscal_quarter", "value", "low", "high", "unit")
+READ_SCHEMA = pa.schema([tables.FIGURES.field(name) for name in READ_COLUMNS])
+
+
+def company_slices(figures: pa.Table) -> Iterator[pa.Table]:
+    """`figures` (ordered by company) a company at a time: guidance is keyed by its company, so
+    each company's figures are revised on their own, one company's in memory at once."""
+    companies = figures.column("company").to_pylist()
+    start = 0
+    for end in range(1, len(companies) + 1):
+        if end == len(companies) or companies[end] != companies[start]:
+            yield figures.slice(start, end - start)
+            start = end
 
 
 def revise_figures(figures: pa.Table, only: frozenset[str] | None = None) -> FigureRevisions:

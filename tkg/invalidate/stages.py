@@ -70,7 +70,7 @@ from tkg.invalidate.positions import (
 )
 from tkg.invalidate.retention import retention_settings, score_facts
 from tkg.invalidate.revising import RevisedFigures, revise_since
-from tkg.invalidate.revisions import READ_COLUMNS
+from tkg.invalidate.revisions import READ_COLUMNS, READ_SCHEMA
 from tkg.store.manifest import scan, stamped_files
 from tkg.store.packs import packed, partition_rows
 from tkg.store.parquet import partition_of, relation_batches
@@ -983,7 +983,7 @@ def _revisions(job: StageJob) -> RevisedFigures:
     store, connection, previous = job.store, job.connection, job.previous
     files = store.partition_files("figures")
     figures = (packed(store, connection, files).select(*READ_COLUMNS) if files
-               else connection.from_arrow(pa.schema([tables.FIGURES.field(name) for name in READ_COLUMNS]).empty_table()))
+               else connection.from_arrow(READ_SCHEMA.empty_table()))
     last = None
     if all(name in previous for name in ("figure_invalidations", "revision_figures")):
         last = (store.relation(connection, [previous["figure_invalidations"]]),
