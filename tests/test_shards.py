@@ -179,9 +179,17 @@ def test_an_entity_merge_reruns_what_it_touches_and_equals_a_fresh_build(two_com
     retired = [row for row in store.read(store.global_path("canonical_entities")).to_pylist() if row["merged_into"]]
     assert retired, "the merged entity's id is kept, pointing at the entity it joined"
 
+    # fact_blocks read the facts of the merged entities' mentions and of the blocks they made or
+    # unmade, and wrote each shard's rows as a build from nothing writes them
+    assert report.counts["entities_resolved_again"] > 0 and report.counts["fact_blocks_read_whole"] == 0
+    assert report.counts["fact_events_dirty"] > 0 and report.counts["fact_events_read"] > 0
+
     fresh = _copy(two_companies, tmp_path / "fresh")
-    finish_graph(_runtime(fresh, 5), publish_to=fresh / "tkg.duckdb")
+    fresh_report = finish_graph(_runtime(fresh, 5), publish_to=fresh / "tkg.duckdb")
+    assert report.counts["fact_events_read"] < fresh_report.counts["fact_events_read"] / 2
     assert _graph(home) == _graph(fresh)
+    assert _split_tables(home, 5) == _split_tables(fresh, 5)
+    assert _fact_blocks_summary(home) == _fact_blocks_summary(fresh)
     # the published facts: the moved facts' rows replaced in place (their subject or object is
     # the merged entity now), equal to the fresh build's
     replaced = re.match(r"([\d,]+) event\(s\) replaced", report.publish.in_place["facts"])
@@ -546,6 +554,13 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     assert report.counts["split_written_as_delta"] == 2 and cold_report.counts["split_written_as_delta"] == 0
     assert 0 < report.counts["split_rows_written"] < cold_report.counts["split_rows_written"] / 4
     assert _split_tables(home) == _split_tables(cold)
+    # fact_blocks read the facts the quarter's and the withdrawn call's partitions changed, and
+    # those of the blocks they made or unmade; a cold build reads every fact
+    assert report.counts["fact_blocks_read_whole"] == 0 and cold_report.counts["fact_blocks_read_whole"] == 1
+    assert report.counts["fact_partitions_changed"] == len(COMPANIES) + 1
+    assert report.counts["fact_events_dirty"] > 0
+    assert 0 < report.counts["fact_events_read"] < cold_report.counts["fact_events_read"] / 2
+    assert _fact_blocks_summary(home) == _fact_blocks_summary(cold)
     # the figure revisions: only the guidance the quarter's figures (and the withdrawn call's)
     # may retire differently revised again, with the memo a cold build writes
     assert 0 < report.counts["figures_revised_again"] < cold_report.counts["figures_revised_again"]
@@ -654,11 +669,19 @@ def test_a_state_come_back_whose_write_stops_half_way_is_rebuilt_from_nothing(tw
     assert _graph(home) == graph and _split_tables(home) == split
 
 
-def _split_tables(home: Path) -> dict[str, object]:
+def _fact_blocks_summary(home: Path) -> tuple[list[tuple], dict[str, pa.Table]]:
+    """fact_blocks' summary (per shard, its rows of each table and its blocks) and its memos."""
+    store = ParquetStore(home)
+    memos = {name: _in_order(store.read(store.global_path("fact_blocks", name)).replace_schema_metadata(None))
+             for name in ("fact_links", "fact_entities", "fact_partitions")}
+    return sorted(tuple(row.values()) for row in store.read(store.global_path("fact_blocks")).to_pylist()), memos
+
+
+def _split_tables(home: Path, shards: int = 3) -> dict[str, object]:
     """Every shard's rows of every split table, as the shard steps read them, and each
     splitting step's fingerprint per shard."""
     store = ParquetStore(home)
-    keys = catalog.shard_keys(3)
+    keys = catalog.shard_keys(shards)
     found = {}
     with duckdb.connect() as connection:
         for stage in catalog.GLOBAL:

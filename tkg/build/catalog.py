@@ -31,6 +31,7 @@ from tkg.extract import stages as extract
 from tkg.extract.stages import ENTITIES_VERSION
 from tkg.ingest import stages as ingest
 from tkg.ingest.stages import CHUNKS_VERSION, TRANSCRIPTS_VERSION
+from tkg.invalidate import blocks
 from tkg.invalidate import stages as invalidate
 from tkg.invalidate.retention import RETENTION_VERSION, retention_settings
 from tkg.invalidate.stages import INVALIDATION_VERSION, PAIRS_VERSION, POSITIONS_VERSION
@@ -174,14 +175,18 @@ STAGES: tuple[Stage, ...] = (
         "The facts invalidation compares (FACT, non-ATEMPORAL events with triplets, each with the key of the fact it "
         "states) and the blocks they fall in: facts sharing a canonical entity under a predicate group. Written split "
         "into shards, a stable hash of the block, with each shard's facts, their vectors (rounded once, as the "
-        "comparisons use them) and canonical triplets, so a shard's comparisons need nothing else. A run that "
-        "changed few rows (a new quarter) writes them as a delta on the last version rather than every row again.",
-        code_version=lambda f: f"{INVALIDATION_VERSION}:{f.shards}:{f.policy}", compute=invalidate.fact_blocks,
+        "comparisons use them) and canonical triplets, so a shard's comparisons need nothing else. A run after the "
+        "first reads only the facts whose rows may have changed (of a changed partition, with an entity that resolves "
+        "differently, or in a block that one made or unmade) and writes the rows that did as a delta on the last version.",
+        code_version=lambda f: f"{INVALIDATION_VERSION}:{f.shards}:{f.policy}", compute=blocks.fact_blocks,
         inputs=("temporal_events", "triplets", "canonical_entities"), kind="global", published=False,
-        tables=(Table("fact_blocks", tables.SHARD_SUMMARY),),
+        tables=(Table("fact_blocks", tables.SHARD_SUMMARY),
+                Table("fact_links", tables.FACT_LINKS, memo=True, published=False),
+                Table("fact_entities", tables.FACT_ENTITIES, memo=True, published=False),
+                Table("fact_partitions", tables.FACT_PARTITIONS, memo=True, published=False)),
         shard_tables=(Table("facts", tables.FACTS, key=("event_id",)),
                       Table("members", tables.BLOCK_MEMBERS, key=("canonical_id", "predicate_group", "event_id")),
-                      Table("triplets", tables.RESOLVED_TRIPLETS, key=("triplet_id",)))),
+                      Table("triplets", tables.RESOLVED_TRIPLETS, key=("event_id", "triplet_id")))),
     Stage(
         "candidate_ranks", "invalidation",
         "One shard's blocks swept in time: for each incoming fact, its best candidate facts per type (cosine, time "

@@ -163,6 +163,15 @@ RESOLVED_TRIPLETS = pa.schema([
     ("triplet_id", pa.string()), ("event_id", pa.string()), ("subject", pa.string()), ("subject_id", pa.string()),
     ("predicate", pa.string()), ("object", pa.string()), ("object_id", pa.string()), ("value", pa.string()),
 ])
+# What fact_blocks' next run compares with (tkg.invalidate.blocks): every fact's links (the
+# blocks it falls in) with its partition; every entity's resolution as the facts read it (a hash
+# of its id, and of its canonical id and name); every partition's file versions (of its events
+# and triplets) with its number of facts.
+FACT_LINKS = pa.schema([("event_id", pa.string()), ("canonical_id", pa.string()), ("predicate_group", pa.int8()),
+                        ("company", pa.string()), ("quarter", pa.date32())])
+FACT_ENTITIES = pa.schema([("entity_hash", pa.uint64()), ("resolution_hash", pa.uint64())])
+FACT_PARTITIONS = pa.schema([("company", pa.string()), ("quarter", pa.date32()), ("events_source", pa.string()),
+                             ("triplets_source", pa.string()), ("facts", pa.int64())])
 # Per shard, how many rows a step wrote for it (the stamp table of a step with sharded outputs).
 SHARD_SUMMARY = pa.schema([("shard", pa.int32()), ("table_name", pa.string()), ("rows", pa.int64())])
 # An incoming event's best facts per candidate type (tkg.invalidate.candidates).

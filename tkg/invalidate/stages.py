@@ -5,7 +5,9 @@ group. The blocks are split into shards by a stable hash of the block, and each 
 once per shard, on that shard's rows alone (one process, its memory bounded by its shard):
 
     fact_blocks (global)        the facts, their blocks and shards; each shard's facts, block
-                                members and canonical triplets written in a folder of its own
+                                members and canonical triplets written in a folder of its own;
+                                only the facts whose rows may have changed are read again
+                                (tkg.invalidate.blocks)
     candidate_ranks (shard)     rank: each incoming fact's best candidate facts in the shard,
                                 and which incoming facts' ranks changed since its last output;
                                 stored as a base and the changes since it (`stack_ranks`)
@@ -27,35 +29,30 @@ memory (TKG_STEP_MEMORY); embeddings are read only by the shard steps, for the f
 compare (a block whose members did not change is told so by the hashes of their rows), as the
 exact vectors `fact_blocks` rounded once for every step that reads them. An
 entity merge or split in resolution moves facts between blocks, and so between shards:
-`fact_blocks` recomputes every block from the current canonical ids, so a moved fact is
-compared in its new blocks and nowhere else. Results never depend on the number of shards.
+`fact_blocks` reads again the facts of every entity that resolves differently, and puts them
+in their blocks by the current canonical ids, so a moved fact is compared in its new blocks
+and nowhere else. Results never depend on the number of shards.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections import Counter
-from contextlib import suppress
-from datetime import date
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-from duckdb.sqltypes import BLOB, FLOAT
 
 from tkg.core import policy, tables
 from tkg.core.results import StageIncomplete, StageJob, StageResult
 from tkg.core.versions import stamp_of_schema
-from tkg.invalidate.candidates import merge_ranks, pair_candidates, rank_candidates, select_ranked, vector_blobs
+from tkg.invalidate.blocks import count_rows, partition_view, raw_view, shard_sql
+from tkg.invalidate.candidates import merge_ranks, pair_candidates, rank_candidates, select_ranked
 from tkg.invalidate.invalidation import (
     EARLIEST_RETIRER_SQL,
-    LINKS_SQL,
-    fact_event_parameters,
-    fact_events_sql,
     involved_events,
     judge_pairs,
-    register_predicate_groups,
     retirements,
 )
 from tkg.invalidate.positions import (
@@ -71,9 +68,9 @@ from tkg.invalidate.positions import (
 from tkg.invalidate.retention import retention_settings, score_facts
 from tkg.invalidate.revising import RevisedFigures, revise_since
 from tkg.invalidate.revisions import READ_COLUMNS, READ_SCHEMA
-from tkg.store.manifest import scan, stamped_files
+from tkg.store.manifest import scan
 from tkg.store.packs import packed, partition_rows
-from tkg.store.parquet import partition_of, relation_batches
+from tkg.store.parquet import relation_batches
 from tkg.store.splits import ROW_HASH, Replaced, SplitRows, shard_changes_since, shard_rows, version_rows
 from tkg.store.warehouse import apply_model, model
 
@@ -83,128 +80,6 @@ INVALIDATION_VERSION = "sharded-invalidation-6"
 PAIRS_VERSION = "shard-judgments-3"
 # Bump when the rules of tkg.invalidate.positions change.
 POSITIONS_VERSION = "positions-8"
-
-
-def shard_sql(key_sql: str, shards: int) -> str:
-    """A DuckDB expression: the shard ('00', '01', ...) of a key, a stable hash (md5) of its text."""
-    width = max(2, len(str(shards - 1)))
-    return f"lpad(CAST((('0x' || left(md5({key_sql}), 8))::UBIGINT % {shards}) AS VARCHAR), {width}, '0')"
-
-
-def _partition_view(job: StageJob, name: str, asset: str, schema: pa.Schema) -> None:
-    """View `name` over every partition of `asset`, its light columns (tkg.store.packs; empty,
-    with `schema`'s, before there is one)."""
-    partition_rows(job.store, job.connection, asset, schema).create_view(name, replace=True)
-
-
-def _raw_view(job: StageJob, name: str, schema: pa.Schema, files: list | None = None) -> None:
-    """`raw.<name>` over the files of a global stage, or over every partition of the stage
-    `name` (its light columns, tkg.store.packs) when no files are given; empty, with `schema`,
-    when there are none."""
-    job.connection.execute("CREATE SCHEMA IF NOT EXISTS raw")
-    if files is None:
-        relation = partition_rows(job.store, job.connection, name, schema)
-    else:
-        relation = scan(job.store, job.connection, files) if files else job.connection.from_arrow(schema.empty_table())
-    relation.create_view(f"_raw_{name}", replace=True)
-    job.connection.execute(f"CREATE OR REPLACE VIEW raw.{name} AS SELECT * FROM _raw_{name}")
-
-
-def fact_blocks(job: StageJob) -> StageResult:
-    """The facts and their blocks, split by shard (see the module docstring)."""
-    store, connection, shards = job.store, job.connection, job.shards
-    _raw_view(job, "triplets", tables.TRIPLETS)
-    _raw_view(job, "entity_resolution", tables.ENTITY_RESOLUTION,
-              [store.global_path("canonical_entities", "entity_resolution")])
-    _raw_view(job, "canonical_entities", tables.CANONICAL_ENTITIES,
-              [store.global_path("canonical_entities")])
-    apply_model(connection, model("triplets"), record=False)  # the view `triplets`, canonical ids and names
-    # resolved once: the facts' keys, their links and the split all read it
-    connection.execute(f"CREATE TEMP TABLE resolved_triplets AS SELECT {', '.join(tables.RESOLVED_TRIPLETS.names)} FROM triplets")
-    _partition_view(job, "events", "temporal_events", tables.EVENTS)
-    register_predicate_groups(connection)
-    # the facts without their text and vectors (the bulk of their bytes), which only the split
-    # reads, from the partitions' files (`facts_for`)
-    connection.execute(f"CREATE TEMP TABLE facts AS {fact_events_sql()}", fact_event_parameters())
-    connection.execute(f"CREATE TEMP TABLE links AS {LINKS_SQL}")
-    connection.execute(f"""
-        CREATE TEMP TABLE members AS
-        WITH blocks AS (  -- a block's shard hashed once, not once per member
-            SELECT canonical_id, predicate_group, {shard_sql("canonical_id || '|' || predicate_group", shards)} AS shard
-            FROM links GROUP BY canonical_id, predicate_group HAVING count(DISTINCT event_id) > 1)
-        SELECT l.canonical_id, l.predicate_group, l.event_id, b.shard
-        FROM links l JOIN blocks b USING (canonical_id, predicate_group)""")
-    connection.execute("CREATE TEMP TABLE fact_shards AS SELECT DISTINCT event_id, shard FROM members")
-    # each fact's source: the version of the partition file its text and vector are read from (an
-    # event whose file is not found by its company and quarter gets a source of this run's: changed)
-    connection.register("partition_versions", _partition_versions(job))
-    connection.execute("""CREATE TEMP TABLE fact_sources AS
-                          SELECT f.event_id, f.company, f.quarter, coalesce(v.source, $unmatched) AS source
-                          FROM facts f LEFT JOIN partition_versions v USING (company, quarter)""",
-                       {"unmatched": f"unmatched:{uuid.uuid4()}"})
-    register_vector_blobs(connection)
-    light = tuple(name for name in tables.FACTS.names if name not in HEAVY_FACT_COLUMNS)
-    facts_of = "FROM facts f JOIN fact_shards s USING (event_id) JOIN fact_sources c USING (event_id)"
-    whole = ", ".join(HEAVY_FACT_COLUMNS.get(name, f"f.{name}") for name in tables.FACTS.names)
-
-    def facts_for(wanted: str):
-        """The facts of the partitions that hold the (shard, event_id) pairs in `wanted`, with
-        their text and vectors read from those partitions' files alone."""
-        partitions = connection.execute(f"SELECT DISTINCT company, quarter FROM fact_sources SEMI JOIN {wanted} "
-                                        "USING (event_id) ORDER BY ALL").fetchall()
-        files = [store.partition_path("temporal_events", company, quarter) for company, quarter in partitions]
-        (scan(store, connection, files) if files else connection.from_arrow(tables.EVENTS.empty_table())
-         ).create_view("wanted_events", replace=True)
-        return connection.sql(f"SELECT {whole}, s.shard, c.source AS _source {facts_of} JOIN wanted_events e USING (event_id)")
-
-    splits = {
-        # the rows without their text and vectors: what tells a changed row from an unchanged one
-        "facts": SplitRows(connection.sql(f"SELECT {', '.join('f.' + name for name in light)}, s.shard, c.source AS _source "
-                                          f"{facts_of}"),
-                           hashed=(*light, "_source"), rows_for=facts_for),
-        "members": connection.sql(f"SELECT {', '.join(tables.BLOCK_MEMBERS.names)}, shard FROM members"),
-        "triplets": connection.sql(f"""SELECT {', '.join('t.' + name for name in tables.RESOLVED_TRIPLETS.names)}, s.shard
-                                        FROM resolved_triplets t JOIN fact_shards s USING (event_id)"""),
-    }
-    summary = connection.sql("""
-        SELECT shard::INTEGER AS shard, 'members' AS table_name, count(*) AS rows FROM members GROUP BY shard
-        UNION ALL SELECT shard::INTEGER, 'facts', count(*) FROM fact_shards GROUP BY shard ORDER BY ALL""").to_arrow_table()
-    counts = {"fact_events": _count(connection, "facts"), "block_memberships": _count(connection, "members"),
-              "blocks": connection.execute("SELECT count(*) FROM (SELECT DISTINCT canonical_id, predicate_group "
-                                           "FROM members)").fetchall()[0][0]}
-    return StageResult(summary.cast(tables.SHARD_SUMMARY), counts=Counter(counts), shard_tables=splits)
-
-
-# What the facts split copies from the events, the bulk of its bytes, as SQL over them: the
-# statement, and the embedding as its exact vector (rounded once here, for every shard step
-# that reads it). A fact's row is told changed or not by the version of the partition file
-# they come from, not by reading them.
-HEAVY_FACT_COLUMNS = {"statement": "e.statement", "vector": "vector_blob(e.embedding) AS vector"}
-
-
-def register_vector_blobs(connection: duckdb.DuckDBPyConnection) -> None:
-    """SQL function `vector_blob(embedding)`: tkg.invalidate.candidates.vector_blobs, a vector
-    of DuckDB rows at a time."""
-    with suppress(duckdb.InvalidInputException):  # registered before on this connection
-        connection.remove_function("vector_blob")
-    connection.create_function("vector_blob", vector_blobs, [duckdb.list_type(FLOAT)], BLOB, type="arrow")
-
-
-def _partition_versions(job: StageJob) -> pa.Table:
-    """(company, quarter, source) of every temporal_events partition file: its stamp's version
-    (a file without a stamp gets a source of its own each time, so its rows always count as changed)."""
-    companies, quarters, sources = [], [], []
-    for listed in stamped_files(job.store, ["temporal_events"]):
-        company, quarter = partition_of(listed.path)
-        companies.append(company)
-        quarters.append(date.fromisoformat(quarter))
-        sources.append(listed.stamp.version if listed.stamp is not None else f"unstamped:{uuid.uuid4()}")
-    return pa.table({"company": pa.array(companies, pa.string()), "quarter": pa.array(quarters, pa.date32()),
-                     "source": pa.array(sources, pa.string())})
-
-
-def _count(connection, table: str) -> int:
-    return connection.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
 
 
 def _split(job: StageJob, asset: str, table: str, schema: pa.Schema, chosen_sql: str = "") -> pa.Table:
@@ -315,7 +190,7 @@ def candidate_ranks(job: StageJob) -> StageResult:
                        tables={"ranked_members": ranked_members, "rank_changes": rank_changes,
                                "rank_base": _base_table(base),
                                "candidate_ranks": changes},
-                       counts=Counter({"facts": _count(connection, "fact_hashes"), "facts_read": facts.num_rows,
+                       counts=Counter({"facts": count_rows(connection, "fact_hashes"), "facts_read": facts.num_rows,
                                        "ranked": ranked, "blocks": sum(states.values()),
                                        "blocks_kept": states.get("kept", 0), "blocks_grown": states.get("grown", 0),
                                        "blocks_ranked": states.get("ranked", 0), "incoming_changed": len(changed),
@@ -399,7 +274,7 @@ def _ranks_written(store, connection: duckdb.DuckDBPyConnection, folder, shard: 
             SELECT {RANK_COLUMNS} FROM previous_ranks_changes ANTI JOIN changed_now USING (incoming_event_id)
             UNION ALL BY NAME SELECT incoming_event_id FROM changed_now  -- a row naming each (its other columns NULL)
             UNION ALL BY NAME SELECT {RANK_COLUMNS} FROM ranks_now SEMI JOIN changed_now USING (incoming_event_id)""")
-        if _count(connection, "rank_changes_now") <= RANKS_DELTA_SHARE * base["rows"]:
+        if count_rows(connection, "rank_changes_now") <= RANKS_DELTA_SHARE * base["rows"]:
             ranked = connection.execute(f"""
                 SELECT (SELECT count(*) FROM previous_ranks_whole ANTI JOIN rank_changes_now USING (incoming_event_id))
                      + (SELECT count(*) FROM rank_changes_now WHERE fact_key IS NOT NULL)""").fetchall()[0][0]
@@ -464,7 +339,7 @@ def candidate_selection(job: StageJob) -> StageResult:
     ranks_read = pa.table({"shard": sorted(read), "version": [read[key] for key in sorted(read)]}, schema=tables.SHARDS_READ)
     return StageResult(summary, tables={"ranks_read": ranks_read, "candidate_selection": summary}, shard_tables={"selected": split},
                        counts=Counter({"selected": int(pc.sum(summary.column("rows")).as_py() or 0),
-                                       "incoming_selected": _count(connection, "(SELECT DISTINCT incoming_event_id FROM selected)"),
+                                       "incoming_selected": count_rows(connection, "(SELECT DISTINCT incoming_event_id FROM selected)"),
                                        "selected_every_fact": int(changed is None)}))
 
 
@@ -555,8 +430,8 @@ def judged_pairs(job: StageJob) -> StageResult:
                .to_arrow_table().cast(tables.RETIREMENTS))
     pairs, true_verdicts = connection.execute("SELECT count(*), coalesce(count_if(invalidates), 0) FROM shard_judgments").fetchall()[0]
     counts = Counter({"candidate_pairs": pairs, "judged_pairs": pairs, "true_verdicts": true_verdicts,
-                      "pairs_kept": pairs - _count(connection, "judged_now"), "pairs_judged_now": judge_counts["judged_pairs"],
-                      "pairs_made_now": paired.num_rows, "units_paired_now": _count(connection, "repaired_units"),
+                      "pairs_kept": pairs - count_rows(connection, "judged_now"), "pairs_judged_now": judge_counts["judged_pairs"],
+                      "pairs_made_now": paired.num_rows, "units_paired_now": count_rows(connection, "repaired_units"),
                       "facts_read": pair_facts.num_rows, "judgments_written_whole": int(base is not last_base),
                       "units_told_by_changed_rows": int(chained)})
     return StageResult(retired, counts=counts, metadata={"judge": job.providers.judge.name}, tables={
@@ -659,7 +534,7 @@ def _judgments_written(job: StageJob, folder, base: dict | None) -> tuple[dict, 
                 ANTI JOIN (SELECT {PAIR_KEY} FROM gone_judgments UNION ALL SELECT {PAIR_KEY} FROM judged_now) USING ({PAIR_KEY})
             UNION ALL SELECT true, {SHARD_JUDGMENT_COLUMNS} FROM gone_judgments ANTI JOIN judged_now USING ({PAIR_KEY})
             UNION ALL SELECT false, {SHARD_JUDGMENT_COLUMNS} FROM judged_now""")
-        if _count(connection, "judgment_delta") <= JUDGMENTS_DELTA_SHARE * base["rows"]:
+        if count_rows(connection, "judgment_delta") <= JUDGMENTS_DELTA_SHARE * base["rows"]:
             return base, connection.table("judgment_delta")
     file = f"v={uuid.uuid4().hex[:16]}/judgments.parquet"
     written = store.write(folder / file, relation_batches(connection.table("shard_judgments"), tables.SHARD_JUDGMENTS))
@@ -957,11 +832,11 @@ def _positions(job: StageJob) -> tuple[dict[str, PositionEnd], list[Listing], di
     chunk_files = store.partition_files("chunks")
     if not chunk_files or not store.partition_files("temporal_events"):
         return {}, [], {}
-    _raw_view(job, "triplets", tables.TRIPLETS)
-    _raw_view(job, "entity_resolution", tables.ENTITY_RESOLUTION, [store.global_path("canonical_entities", "entity_resolution")])
-    _raw_view(job, "canonical_entities", tables.CANONICAL_ENTITIES, [store.global_path("canonical_entities")])
+    raw_view(job, "triplets", tables.TRIPLETS)
+    raw_view(job, "entity_resolution", tables.ENTITY_RESOLUTION, [store.global_path("canonical_entities", "entity_resolution")])
+    raw_view(job, "canonical_entities", tables.CANONICAL_ENTITIES, [store.global_path("canonical_entities")])
     apply_model(connection, model("triplets"), record=False)
-    _partition_view(job, "events", "temporal_events", tables.EVENTS)
+    partition_view(job, "events", "temporal_events", tables.EVENTS)
     packed(store, connection, chunk_files).filter("kind = 'participants'").select("chunk_id").create_view(
         "participant_chunks", replace=True)
     rows = connection.sql(LISTINGS_SQL).to_arrow_table().to_pylist()
@@ -993,7 +868,7 @@ def _revisions(job: StageJob) -> RevisedFigures:
 
 def fact_relevance(job: StageJob) -> StageResult:
     """Score every fact for retention and mark the ones to archive (tkg.invalidate.retention)."""
-    _partition_view(job, "events", "temporal_events", tables.EVENTS)
+    partition_view(job, "events", "temporal_events", tables.EVENTS)
     # scored once: the counts and the output read the same rows
     score_facts(job.connection, "events", retention_settings()).to_table("scored")
     archived, facts = job.connection.execute("SELECT count(archive_reason), count(*) FROM scored").fetchall()[0]

@@ -286,15 +286,18 @@ def _previous_hashes(store: ParquetStore, connection: Any, asset: str, split: Sp
 
 def _replaced_rows(store: ParquetStore, connection: Any, asset: str, previous: str, split: Split,
                    shard_keys: list[str], held: bool) -> None:
-    """`_rows_<name>` of a split that replaces groups of `previous`: every row, the previous
-    version's outside the groups (in the shard they are in) and the split's rows. A view, or a
-    table when `held` (the version written is one `previous` stacks, whose files the write
-    removes before it reads them)."""
+    """`_rows_<name>` of a split that replaces groups of `previous`: every row with its hashes,
+    the previous version's outside the groups (in the shard they are in, with the hashes they
+    were written with: what a row hashes may not be among its columns, `Split.hashed`) and the
+    split's rows. A view, or a table when `held` (the version written is one `previous` stacks,
+    whose files the write removes before it reads them)."""
     columns = _quoted([*split.schema.names, "shard"])
-    parts = [f"SELECT {columns} FROM _given_{split.name}"]
-    kept = version_rows(store, connection, asset, previous, split.name, shard_keys, split.schema.names, f"_kept_{split.name}")
+    parts = [f"SELECT {columns}, {split.key_hash_sql} AS {KEY_HASH}, {split.hash_sql} AS {ROW_HASH} FROM _given_{split.name}"]
+    kept = version_rows(store, connection, asset, previous, split.name, shard_keys, [*split.schema.names, KEY_HASH, ROW_HASH],
+                        f"_kept_{split.name}")
     if kept:
-        parts.insert(0, f'SELECT {columns} FROM {kept} ANTI JOIN {split.replaces.groups} USING ("{split.replaces.column}")')
+        parts.insert(0, f'SELECT {columns}, {IDENTITY} FROM {kept} ANTI JOIN {split.replaces.groups} '
+                        f'USING ("{split.replaces.column}")')
     connection.execute(f"CREATE OR REPLACE TEMP {'TABLE' if held else 'VIEW'} _rows_{split.name} AS {' UNION ALL '.join(parts)}")
 
 
@@ -386,8 +389,8 @@ def write_splits(store: ParquetStore, connection: Any, asset: str, version: str,
             if split.rows_for is not None:  # the given rows are light: every one read whole
                 split.rows_for(f"_given_{split.name}").create_view(f"_rows_for_{split.name}", replace=True)
                 source = f"(SELECT * FROM _rows_for_{split.name} SEMI JOIN _given_{split.name} USING (shard, {_quoted(split.key)}))"
-            rows = connection.sql(f"SELECT *, {split.key_hash_sql} AS {KEY_HASH}, {split.hash_sql} AS {ROW_HASH} "
-                                  f"FROM {source}")
+            rows = connection.sql(f"SELECT * FROM {source}" if split.replaces else  # hashed already
+                                  f"SELECT *, {split.key_hash_sql} AS {KEY_HASH}, {split.hash_sql} AS {ROW_HASH} FROM {source}")
             store.write_split(folder, relation_batches(rows, file_schema))
             store.delete_folder(store.split_folder(asset, version, split.name + DELETED))
             new_chains[split.name] = Chain(split.key, (version,), (0,))
