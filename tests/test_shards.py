@@ -589,7 +589,12 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     for root in (home, cold):
         for folder in (root / "parquet").glob(f"*/{second}"):
             shutil.rmtree(folder)
+    # the cold build's fact_blocks output as an older tkg wrote it, without its memos: still
+    # trusted, and read whole once
+    for memo in ("fact_links", "fact_entities", "fact_partitions"):
+        (cold / "parquet" / "fact_blocks" / f"{memo}.parquet").unlink()
     again, cold_again = finish_graph(_runtime(home, 3)), finish_graph(_runtime(cold, 3))
+    assert again.counts["fact_blocks_read_whole"] == 0 and cold_again.counts["fact_blocks_read_whole"] == 1
     assert again.counts["incoming_changed"] > 0
     assert again.counts["ranks_written_whole"] == cold_again.counts["ranks_written_whole"] == 0
     assert again.counts["judgments_written_whole"] == cold_again.counts["judgments_written_whole"] == 0
@@ -597,6 +602,7 @@ def test_a_new_quarter_reuses_unchanged_blocks_and_pairs_and_equals_a_cold_build
     increment, built = _shard_outputs(home), _shard_outputs(cold)
     assert [name for name in built if not increment[name].equals(built[name])] == []
     assert _split_tables(home) == _split_tables(cold)
+    assert _fact_blocks_summary(home) == _fact_blocks_summary(cold)
     # one base per shard, the first build's, which both increments' changes stand on
     assert len(list((home / "parquet" / "candidate_ranks").glob("shard=*/v=*"))) == 3
     assert len(list((home / "parquet" / "judged_pairs").glob("shard=*/v=*"))) == 3
