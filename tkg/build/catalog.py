@@ -178,7 +178,7 @@ STAGES: tuple[Stage, ...] = (
         "comparisons use them) and canonical triplets, so a shard's comparisons need nothing else. A run after the "
         "first reads only the facts whose rows may have changed (of a changed partition, with an entity that resolves "
         "differently, or in a block that one made or unmade) and writes the rows that did as a delta on the last version.",
-        code_version=lambda f: f"{INVALIDATION_VERSION}:{f.shards}:{f.policy}", compute=blocks.fact_blocks,
+        code_version=lambda f: f"{INVALIDATION_VERSION}:{f.shards}:{f.policy}:{blocks.sql_version()}", compute=blocks.fact_blocks,
         inputs=("temporal_events", "triplets", "canonical_entities"), kind="global", published=False,
         tables=(Table("fact_links", tables.FACT_LINKS, memo=True, published=False),
                 Table("fact_entities", tables.FACT_ENTITIES, memo=True, published=False),

@@ -36,6 +36,7 @@ import pyarrow as pa
 from duckdb.sqltypes import BLOB, FLOAT
 
 from tkg.core import tables
+from tkg.core.ids import short_version
 from tkg.core.results import StageJob, StageResult
 from tkg.invalidate.candidates import vector_blobs
 from tkg.invalidate.invalidation import LINKS_SQL, fact_event_parameters, fact_events_sql, register_predicate_groups
@@ -51,6 +52,13 @@ from tkg.store.warehouse import apply_model, model
 # they come from, not by reading them.
 HEAVY_FACT_COLUMNS = {"statement": "e.statement", "vector": "vector_blob(e.embedding) AS vector"}
 LIGHT_FACT_COLUMNS = tuple(name for name in tables.FACTS.names if name not in HEAVY_FACT_COLUMNS)
+
+
+def sql_version() -> str:
+    """A version of the SQL a fact's rows are made with (the `triplets` model, the facts' query,
+    the links'): part of the step's code version, so a change to it reads every fact again
+    rather than only the dirty ones."""
+    return short_version(model("triplets").sha256, fact_events_sql(), LINKS_SQL)
 
 
 def shard_sql(key_sql: str, shards: int) -> str:
@@ -307,8 +315,9 @@ def _fact_sources(connection: duckdb.DuckDBPyConnection) -> None:
 
 
 def _whole_facts(job: StageJob, wanted: str) -> Any:
-    """The facts rows (with their shard and source) of the (shard, event_id) pairs in table
-    `wanted`, with their text and vectors read from those facts' partition files alone."""
+    """The facts rows (with their shard and source) of the partitions that hold the facts in
+    table `wanted`, with their text and vectors read from those partitions' files alone (the
+    split keeps the rows it wants of them)."""
     store, connection = job.store, job.connection
     partitions = connection.execute(f"SELECT DISTINCT company, quarter FROM fact_sources SEMI JOIN {wanted} "
                                     "USING (event_id) ORDER BY ALL").fetchall()
@@ -317,7 +326,7 @@ def _whole_facts(job: StageJob, wanted: str) -> Any:
      ).create_view("wanted_events", replace=True)
     whole = ", ".join(HEAVY_FACT_COLUMNS.get(name, f"f.{name}") for name in tables.FACTS.names)
     return connection.sql(f"""SELECT {whole}, s.shard, c.source AS _source
-                              FROM facts f JOIN {wanted} s USING (event_id) JOIN fact_sources c USING (event_id)
+                              FROM facts f JOIN fact_shards s USING (event_id) JOIN fact_sources c USING (event_id)
                               JOIN wanted_events e USING (event_id)""")
 
 
