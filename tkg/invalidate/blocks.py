@@ -119,18 +119,20 @@ def fact_blocks(job: StageJob) -> StageResult:
     unique = connection.execute("SELECT count(*) = count(DISTINCT entity_hash) FROM entity_states").fetchall()[0][0]
     previous = _memos(job) if unique else None
     counts = _changed_facts(job, previous) if previous is not None else _every_fact(job)
-    summary = connection.sql("SELECT shard::INTEGER AS shard, table_name, rows FROM summary ORDER BY ALL").to_arrow_table()
-    light = ", ".join(f"f.{name}" for name in LIGHT_FACT_COLUMNS)
-    facts_of = "FROM facts f JOIN fact_shards s USING (event_id) JOIN fact_sources c USING (event_id)"
+    summary = connection.sql("SELECT shard::INTEGER AS shard, table_name, rows FROM summary ORDER BY ALL"
+                             ).to_arrow_table().cast(tables.SHARD_SUMMARY)
+    hashed = (*LIGHT_FACT_COLUMNS, "_source")
     if previous is None:
         # the rows without their text and vectors (what tells a changed row from an unchanged
         # one), read whole only for the rows written
-        facts = SplitRows(connection.sql(f"SELECT {light}, s.shard, c.source AS _source {facts_of}"),
-                          hashed=(*LIGHT_FACT_COLUMNS, "_source"), rows_for=lambda wanted: _whole_facts(job, wanted))
+        light = ", ".join(f"f.{name}" for name in LIGHT_FACT_COLUMNS)
+        facts = SplitRows(connection.sql(f"""SELECT {light}, s.shard, c.source AS _source FROM facts f
+                                             JOIN fact_shards s USING (event_id) JOIN fact_sources c USING (event_id)"""),
+                          hashed=hashed, rows_for=lambda wanted: _whole_facts(job, wanted))
+        replaced = None
     else:  # the affected facts' rows, whole, in place of theirs in the last version
-        facts = SplitRows(_whole_facts(job, "fact_shards"), hashed=(*LIGHT_FACT_COLUMNS, "_source"),
-                          replaces=Replaced("event_id", "affected"))
-    replaced = Replaced("event_id", "affected") if previous is not None else None
+        replaced = Replaced("event_id", "affected")
+        facts = SplitRows(_whole_facts(job, "fact_shards"), hashed=hashed, replaces=replaced)
     splits = {
         "facts": facts,
         "members": SplitRows(connection.sql(f"SELECT {', '.join(tables.BLOCK_MEMBERS.names)}, shard FROM members"),
@@ -146,8 +148,7 @@ def fact_blocks(job: StageJob) -> StageResult:
              "fact_partitions": connection.table("partitions_now")}
     if not unique:  # none: every entity is new to the next run
         memos["fact_entities"] = tables.FACT_ENTITIES.empty_table()
-    return StageResult(summary.cast(tables.SHARD_SUMMARY), tables={"fact_blocks": summary.cast(tables.SHARD_SUMMARY), **memos},
-                       counts=counts, shard_tables=splits)
+    return StageResult(summary, tables={"fact_blocks": summary, **memos}, counts=counts, shard_tables=splits)
 
 
 def _memos(job: StageJob) -> dict[str, Any] | None:
@@ -207,9 +208,7 @@ def _every_fact(job: StageJob) -> Counter:
     `fact_shards`, `fact_sources`, the memos' `links_now` and `partitions_now`, and `summary`."""
     connection, shards = job.connection, job.shards
     _facts_and_links(connection, None)
-    connection.execute(f"CREATE TEMP TABLE members AS {_members_sql('links', None, shards)}")
-    connection.execute("CREATE TEMP TABLE fact_shards AS SELECT DISTINCT event_id, shard FROM members")
-    _fact_sources(connection)
+    _members_and_sources(connection, "links", None, shards)
     connection.execute("""CREATE TEMP TABLE links_now AS
                           SELECT l.event_id, l.canonical_id, l.predicate_group, f.company, f.quarter FROM links l JOIN facts f USING (event_id)""")
     connection.execute("""CREATE TEMP TABLE partitions_now AS
@@ -277,9 +276,7 @@ def _changed_facts(job: StageJob, previous: dict[str, Any]) -> Counter:
     crossing = count_rows(connection, "affected") - count_rows(connection, "dirty")
     if crossing:  # their rows whole too (their links are the same: the chosen events' are read again)
         _facts_and_links(connection, "affected")
-    connection.execute(f"CREATE TEMP TABLE members AS {_members_sql('links_now', 'affected', shards)}")
-    connection.execute("CREATE TEMP TABLE fact_shards AS SELECT DISTINCT event_id, shard FROM members")
-    _fact_sources(connection)
+    _members_and_sources(connection, "links_now", "affected", shards)
     connection.execute(f"CREATE TEMP TABLE members_then AS {_members_sql('last_fact_links', 'affected', shards)}")
     connection.execute("""CREATE TEMP TABLE partitions_now AS
                           SELECT p.*, CASE WHEN x.company IS NULL THEN coalesce(o.facts, 0) ELSE coalesce(c.facts, 0) END AS facts
@@ -304,10 +301,13 @@ def _changed_facts(job: StageJob, previous: dict[str, Any]) -> Counter:
                    fact_partitions_changed=count_rows(connection, "changed_partitions"))
 
 
-def _fact_sources(connection: duckdb.DuckDBPyConnection) -> None:
-    """Temp table `fact_sources`: each fact's source, the version of the partition file its text
-    and vector are read from (an event whose file is not found by its company and quarter gets
-    a source of this run's: changed)."""
+def _members_and_sources(connection: duckdb.DuckDBPyConnection, links: str, events: str | None, shards: int) -> None:
+    """Temp tables `members` (of the events in `events`, or of every event, `_members_sql`),
+    `fact_shards` (each fact's shards) and `fact_sources`: each fact's source, the version of
+    the partition file its text and vector are read from (an event whose file is not found by
+    its company and quarter gets a source of this run's: changed)."""
+    connection.execute(f"CREATE TEMP TABLE members AS {_members_sql(links, events, shards)}")
+    connection.execute("CREATE TEMP TABLE fact_shards AS SELECT DISTINCT event_id, shard FROM members")
     connection.execute("""CREATE OR REPLACE TEMP TABLE fact_sources AS
                           SELECT f.event_id, f.company, f.quarter, coalesce(v.events_source, $unmatched) AS source
                           FROM facts f LEFT JOIN partition_sources v USING (company, quarter)""",
